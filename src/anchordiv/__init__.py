@@ -1,0 +1,29 @@
+"""anchordiv: context-specific similarity on fixed embeddings with anchor divergences.
+
+Kannan, Park, Veitch (2026), "Anchor Divergence for Semantic Geometry in Contrastive
+Learning". A set of text anchors defines a distribution; its cumulant generating
+function defines a Bregman geometry on the (unchanged) embedding space.
+"""
+
+from .anchors import AnchorSet
+from .baselines import Cosine, ImageTextInversion
+from .models import (
+    MODELS,
+    AnchorModel,
+    Gaussian,
+    GaussianMixture,
+    Geometry,
+    LatentGaussian,
+    LatentSpherical,
+    NotFittedError,
+    Softmax,
+    make_model,
+    registry,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AnchorSet", "AnchorModel", "Geometry", "NotFittedError", "Softmax", "Gaussian", "GaussianMixture",
+    "LatentGaussian", "LatentSpherical", "Cosine", "ImageTextInversion", "MODELS", "make_model", "registry",
+]

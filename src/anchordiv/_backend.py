@@ -1,0 +1,92 @@
+"""Array handling shared by every geometry: numpy in -> numpy out, torch in -> torch out.
+
+Inputs are converted to torch tensors for compute. Floating dtypes float32 and float64 are
+kept; float16/bfloat16 are computed in float32 and cast back; integers are computed in
+float32. Tensors are never moved between devices silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+_COMPUTE_DTYPES = (torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How to hand a result back: as numpy or torch, in which dtype."""
+
+    is_numpy: bool
+    dtype: torch.dtype
+
+    def out(self, t: torch.Tensor) -> Any:
+        t = t.to(self.dtype)
+        if self.is_numpy:
+            return t.detach().cpu().numpy()
+        return t
+
+
+def as_tensor(x: Any, name: str, *, ndim: int | None = 2, device: torch.device | None = None,
+              check_finite: bool = True) -> tuple[torch.Tensor, Kind]:
+    """Convert ``x`` to a compute tensor and remember how to return results.
+
+    Raises a ``ValueError`` naming ``name`` for wrong rank, empty input, or NaN/inf.
+    ``device`` is where numpy input goes; a torch input on another device is an error.
+    """
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        kind = Kind(False, t.dtype if t.dtype.is_floating_point else torch.float32)
+        if device is not None and t.device != torch.device(device):
+            raise ValueError(
+                f"{name} is on {t.device} but the model is on {device}; "
+                f"move one of them, e.g. model.to({str(t.device)!r}) or {name}.to({str(device)!r})."
+            )
+    else:
+        try:
+            arr = np.asarray(x)
+        except Exception as exc:  # pragma: no cover - exotic inputs
+            raise ValueError(f"{name} must be a numpy array or torch tensor, got {type(x).__name__}.") from exc
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+            raise ValueError(f"{name} must be a numeric array, got dtype {arr.dtype}.")
+        if arr.dtype == np.float16:
+            out_dtype = torch.float16
+        elif arr.dtype == np.float64:
+            out_dtype = torch.float64
+        else:
+            out_dtype = torch.float32
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+        if device is not None:
+            t = t.to(device)
+        kind = Kind(True, out_dtype)
+    if t.dtype not in _COMPUTE_DTYPES:
+        t = t.to(torch.float32)
+    if ndim is not None and t.ndim != ndim:
+        shape = tuple(t.shape)
+        hint = f" (for a single vector use {name}[None, :])" if ndim == 2 and t.ndim == 1 else ""
+        raise ValueError(f"{name} must be a {ndim}-D array, got shape {shape}{hint}.")
+    if t.numel() == 0 and t.ndim >= 1 and t.shape[0] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); pass at least one row.")
+    if check_finite and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).any(dim=-1).sum()) if t.ndim > 1 else int((~torch.isfinite(t)).sum())
+        raise ValueError(f"{name} contains NaN or inf in {bad} row(s); clean or drop them before calling.")
+    return t, kind
+
+
+def check_dim(t: torch.Tensor, dim: int, name: str) -> None:
+    """Raise a clear error when ``t`` does not have ``dim`` columns."""
+    if t.shape[-1] != dim:
+        raise ValueError(
+            f"{name} has dimension {t.shape[-1]} but the model was fitted on dimension {dim}; "
+            "embed queries, gallery and anchors with the same encoder."
+        )
+
+
+def row_chunks(n: int, chunk: int):
+    """Yield slices of ``range(n)`` of length ``chunk``."""
+    chunk = max(1, int(chunk))
+    for start in range(0, n, chunk):
+        yield slice(start, min(n, start + chunk))

@@ -1,0 +1,359 @@
+"""Shared machinery for every geometry: divergences, symmetrization, feature maps, batching.
+
+Every anchor divergence is determined by per-vector statistics
+s(λ) = (η(λ), κ(η(λ)), ∇κ(η(λ))) (Kannan, Park, Veitch 2026, eq. 2.2 and App. F.4):
+
+.. math::
+
+    d(\\lambda_1 \\| \\lambda_2) = B_\\kappa(\\eta_2 \\| \\eta_1)
+        = \\kappa(\\eta_2) - \\kappa(\\eta_1) - \\nabla\\kappa(\\eta_1)^\\top(\\eta_2 - \\eta_1),
+
+    d_\\mathrm{sym}(q, g) = \\tfrac12[d(q\\|g) + d(g\\|q)]
+        = \\tfrac12 (\\eta_q - \\eta_g)^\\top(\\nabla\\kappa(\\eta_q) - \\nabla\\kappa(\\eta_g))
+        \\quad\\text{(eq. F.1)}.
+
+Both are inner products between a query map and a key map, which is what makes exact
+search one matrix product and lets any inner-product index serve any anchor geometry.
+A model states only its natural-parameter map η(λ), κ, ∇κ and its fit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .._backend import Kind, as_tensor, check_dim, row_chunks
+from ..anchors import AnchorSet
+
+#: Estimated floating-point work above which a progress bar is shown (≈ a few seconds).
+PROGRESS_FLOPS = 5e10
+
+
+class NotFittedError(RuntimeError):
+    """Raised when a model is used before ``fit``."""
+
+
+class Geometry:
+    """Base class of every geometry (anchor models and baselines). Lower means closer.
+
+    Subclasses provide ``_query_terms`` and ``_key_terms`` on tensors; this class turns
+    them into ``pairwise``, ``query_features``, ``key_features`` and ``query_offsets``,
+    which satisfy the feature-map contract
+
+    .. math::
+
+        \\mathrm{pairwise}(Q, G)_{ij} = o(q_i) - \\phi(q_i)^\\top \\psi(g_j),
+
+    with ``o = query_offsets``, ``φ = query_features`` and ``ψ = key_features``.
+    """
+
+    #: Rows processed per chunk when computing per-vector statistics.
+    batch_size: int = 4096
+
+    # ------------------------------------------------------------ subclass API
+    def _query_terms(self, Q: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def _key_terms(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _divergence(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------- plumbing
+    def _is_fitted(self) -> bool:
+        return hasattr(self, "dim_")
+
+    def _check_fitted(self) -> None:
+        if not self._is_fitted():
+            raise NotFittedError(
+                f"This {type(self).__name__} is not fitted yet; call .fit(anchors) before using it."
+            )
+
+    @property
+    def device(self) -> torch.device:
+        return getattr(self, "device_", torch.device("cpu"))
+
+    def _input(self, X: Any, name: str) -> tuple[torch.Tensor, Kind]:
+        self._check_fitted()
+        t, kind = as_tensor(X, name, device=self.device)
+        check_dim(t, self.dim_, name)
+        return t, kind
+
+    def _flops_per_row(self) -> float:
+        return 0.0
+
+    def _chunks(self, n: int, desc: str):
+        chunks = list(row_chunks(n, self.batch_size))
+        show = len(chunks) > 1 and n * self._flops_per_row() > PROGRESS_FLOPS
+        return tqdm(chunks, desc=desc, disable=not show, leave=False)
+
+    # ------------------------------------------------------------ public API
+    def query_features(self, Q: Any, symmetric: bool = True) -> Any:
+        """Query feature map φ(q) of the inner-product form (see class docstring)."""
+        t, kind = self._input(Q, "Q")
+        return kind.out(self._query_terms(t, symmetric)[1])
+
+    def query_offsets(self, Q: Any, symmetric: bool = True) -> Any:
+        """Query offsets o(q) of the inner-product form (see class docstring)."""
+        t, kind = self._input(Q, "Q")
+        return kind.out(self._query_terms(t, symmetric)[0])
+
+    def key_features(self, G: Any, symmetric: bool = True) -> Any:
+        """Key feature map ψ(g) of the inner-product form (see class docstring)."""
+        t, kind = self._input(G, "G")
+        return kind.out(self._key_terms(t, symmetric))
+
+    def pairwise(self, Q: Any, G: Any, symmetric: bool = True) -> Any:
+        """The (|Q|, |G|) matrix of d(q‖g), or of ½[d(q‖g) + d(g‖q)] when ``symmetric``.
+
+        Computed as ``query_offsets(Q)[:, None] - query_features(Q) @ key_features(G).T``.
+        """
+        q, kind = self._input(Q, "Q")
+        g, _ = self._input(G, "G")
+        if q.dtype != g.dtype:
+            dtype = torch.promote_types(q.dtype, g.dtype)
+            q, g = q.to(dtype), g.to(dtype)
+        offsets, phi = self._query_terms(q, symmetric)
+        psi = self._key_terms(g, symmetric)
+        return kind.out(offsets[:, None] - phi @ psi.T)
+
+    def divergence(self, X: Any, Y: Any) -> Any:
+        """Row-wise d(x_i ‖ y_i) for paired rows of ``X`` and ``Y`` (length-n vector)."""
+        x, kind = self._input(X, "X")
+        y, _ = self._input(Y, "Y")
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(f"X has {x.shape[0]} rows but Y has {y.shape[0]}; divergence pairs rows one to one.")
+        if x.dtype != y.dtype:
+            dtype = torch.promote_types(x.dtype, y.dtype)
+            x, y = x.to(dtype), y.to(dtype)
+        return kind.out(self._divergence(x, y))
+
+    def search(self, Q: Any, G: Any, k: int = 10, symmetric: bool = True, exclude_self: bool = False,
+               memory_budget: int | None = None, progress: bool | None = None) -> tuple[Any, Any]:
+        """Exact top-k: ``(distances, indices)``, each (|Q|, k), sorted ascending.
+
+        See :func:`anchordiv.search.search`; ties are broken by the lower gallery index.
+        """
+        from ..search import DEFAULT_MEMORY_BUDGET, search
+
+        return search(self, Q, G, k=k, symmetric=symmetric, exclude_self=exclude_self,
+                      memory_budget=memory_budget or DEFAULT_MEMORY_BUDGET, progress=progress)
+
+    def to(self, device: Any) -> "Geometry":
+        """Move fitted tensors to ``device`` (in place) and return self."""
+        device = torch.device(device)
+        for key, value in list(vars(self).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(self, key, value.to(device))
+        self.__dict__.pop("_cast_cache", None)
+        if self._is_fitted():
+            self.device_ = device
+        return self
+
+    def _cast(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """Fitted tensor ``name`` (or a derived tensor, see ``_derived``) in the dtype of ``like`` (cached)."""
+        cache = self.__dict__.setdefault("_cast_cache", {})
+        key = (name, like.dtype)
+        if key not in cache:
+            value = self._derived(name) if name.startswith("derived:") else getattr(self, name)
+            cache[key] = value.to(like.dtype)
+        return cache[key]
+
+    def _derived(self, name: str) -> torch.Tensor:
+        """Tensors computed from fitted attributes, recomputed after ``_reset_cache``."""
+        raise KeyError(name)
+
+    def _reset_cache(self) -> None:
+        self.__dict__.pop("_cast_cache", None)
+
+    # scikit-learn style parameter access
+    def get_params(self, deep: bool = True) -> dict:
+        import inspect
+
+        sig = inspect.signature(type(self).__init__)
+        return {p: getattr(self, p) for p in sig.parameters if p != "self"}
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items() if v is not None)
+        return f"{type(self).__name__}({params})"
+
+
+class AnchorModel(Geometry):
+    """An anchor-distribution model: a CGF κ on natural parameters η(λ).
+
+    Subclasses implement ``_fit``, ``_cgf_and_grad`` (and optionally ``_grad``) and,
+    for latent models, ``_natural_params``. Everything else is shared.
+
+    Parameters
+    ----------
+    tau : float, optional
+        Temperature τ > 0 of the contrastive model.
+    logit_scale : float, optional
+        Inverse temperature (CLIP's ``logit_scale.exp()``); τ = 1/logit_scale.
+        Give exactly one of ``tau`` and ``logit_scale``.
+    """
+
+    #: Smallest number of anchors the fit needs.
+    min_anchors: int = 1
+
+    def __init__(self, tau: float | None = None, logit_scale: float | None = None):
+        self.tau = tau
+        self.logit_scale = logit_scale
+
+    # ---------------------------------------------------------------- fitting
+    def _resolve_tau(self) -> float:
+        if (self.tau is None) == (self.logit_scale is None):
+            raise ValueError(
+                "Give exactly one of tau= or logit_scale= (τ = 1/logit_scale), "
+                f"got tau={self.tau!r}, logit_scale={self.logit_scale!r}."
+            )
+        name, value = ("tau", self.tau) if self.tau is not None else ("logit_scale", self.logit_scale)
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a positive number, got {value!r}.") from None
+        if not np.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
+        return value if name == "tau" else 1.0 / value
+
+    def fit(self, anchors: Any) -> "AnchorModel":
+        """Fit the anchor distribution to ``anchors`` (an :class:`AnchorSet` or an (N, d) array).
+
+        Returns self.
+        """
+        tau = self._resolve_tau()
+        if not isinstance(anchors, AnchorSet):
+            anchors = AnchorSet(anchors)
+        anchors = anchors.support()
+        if len(anchors) < self.min_anchors:
+            raise ValueError(
+                f"{type(self).__name__} needs at least {self.min_anchors} anchors with positive weight, "
+                f"got {len(anchors)}; add anchors or use another model."
+            )
+        self._reset_cache()
+        self.tau_ = tau
+        self.n_anchors_ = len(anchors)
+        self.device_ = anchors.device
+        self._fit(anchors)
+        self.dim_ = anchors.dim
+        return self
+
+    def _fit(self, anchors: AnchorSet) -> None:
+        raise NotImplementedError
+
+    # ----------------------------------------------------- model-specific math
+    def _natural_params(self, X: torch.Tensor) -> torch.Tensor:
+        """η(λ) = λ/τ for ambient models; latent models override."""
+        return X / self.tau_
+
+    def _cgf_and_grad(self, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def _grad(self, eta: torch.Tensor) -> torch.Tensor:
+        return self._cgf_and_grad(eta)[1]
+
+    @property
+    def natural_dim_(self) -> int:
+        """Dimension of the natural parameter η (d, or k for latent models)."""
+        return self.dim_
+
+    # ------------------------------------------------ per-vector statistics
+    def _stats(self, X: torch.Tensor, need_cgf: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(η, κ(η) or None, ∇κ(η)) for the rows of X, chunked over rows."""
+        etas, cgfs, grads = [], [], []
+        for sl in self._chunks(X.shape[0], desc=f"{type(self).__name__} statistics"):
+            eta = self._natural_params(X[sl])
+            if need_cgf:
+                k, g = self._cgf_and_grad(eta)
+                cgfs.append(k)
+            else:
+                g = self._grad(eta)
+            etas.append(eta)
+            grads.append(g)
+        cat = torch.cat
+        return cat(etas), (cat(cgfs) if need_cgf else None), cat(grads)
+
+    def _query_terms(self, Q: torch.Tensor, symmetric: bool):
+        eta, k, g = self._stats(Q, need_cgf=not symmetric)
+        dot = (eta * g).sum(1)
+        if symmetric:
+            one = torch.ones_like(dot)[:, None]
+            return 0.5 * dot, 0.5 * torch.cat([eta, g, one], dim=1)
+        one = torch.ones_like(dot)[:, None]
+        return dot - k, torch.cat([g, one], dim=1)
+
+    def _key_terms(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
+        eta, k, g = self._stats(G, need_cgf=not symmetric)
+        if symmetric:
+            return torch.cat([g, eta, -(eta * g).sum(1, keepdim=True)], dim=1)
+        return torch.cat([eta, -k[:, None]], dim=1)
+
+    def _divergence(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+        eta_x, k_x, g_x = self._stats(X, need_cgf=True)
+        eta_y, k_y, _ = self._stats(Y, need_cgf=True)
+        return k_y - k_x - (g_x * (eta_y - eta_x)).sum(1)
+
+    # ---------------------------------------------------------- public math
+    def natural_params(self, X: Any) -> Any:
+        """η(λ): λ/τ for ambient models, the latent map of App. B for latent models."""
+        t, kind = self._input(X, "X")
+        return kind.out(torch.cat([self._natural_params(t[sl]) for sl in row_chunks(t.shape[0], self.batch_size)]))
+
+    def _eta_input(self, eta: Any) -> tuple[torch.Tensor, Kind]:
+        self._check_fitted()
+        t, kind = as_tensor(eta, "eta", device=self.device)
+        check_dim(t, self.natural_dim_, "eta")
+        return t, kind
+
+    def cgf(self, eta: Any) -> Any:
+        """κ(η), the cumulant generating function of the fitted anchor distribution."""
+        t, kind = self._eta_input(eta)
+        return kind.out(torch.cat([self._cgf_and_grad(t[sl])[0] for sl in row_chunks(t.shape[0], self.batch_size)]))
+
+    def grad_cgf(self, eta: Any) -> Any:
+        """∇κ(η), the mean of the exponentially tilted anchor distribution."""
+        t, kind = self._eta_input(eta)
+        return kind.out(torch.cat([self._grad(t[sl]) for sl in row_chunks(t.shape[0], self.batch_size)]))
+
+
+class EuclideanModel(AnchorModel):
+    """A model whose divergence is a squared Euclidean distance, d(x‖y) = ‖z(x) − z(y)‖².
+
+    Symmetric, so ``symmetric`` has no effect. Its feature maps are (k+1)-dimensional:
+    o(q) = ‖z_q‖², φ(q) = [2 z_q, −1], ψ(g) = [z_g, ‖z_g‖²], and any L2 index on z serves it.
+    Subclasses implement ``_embed``.
+    """
+
+    def _embed(self, X: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def euclidean_embedding(self, X: Any) -> Any:
+        """z(λ) such that d(λ1‖λ2) = ‖z(λ1) − z(λ2)‖²."""
+        t, kind = self._input(X, "X")
+        return kind.out(torch.cat([self._embed(t[sl]) for sl in row_chunks(t.shape[0], self.batch_size)]))
+
+    def _query_terms(self, Q: torch.Tensor, symmetric: bool):
+        z = torch.cat([self._embed(Q[sl]) for sl in self._chunks(Q.shape[0], "embedding")])
+        return (z * z).sum(1), torch.cat([2 * z, -torch.ones_like(z[:, :1])], dim=1)
+
+    def _key_terms(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
+        z = torch.cat([self._embed(G[sl]) for sl in self._chunks(G.shape[0], "embedding")])
+        return torch.cat([z, (z * z).sum(1, keepdim=True)], dim=1)
+
+
+def weighted_mean_cov(X: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted mean and (1/n, MLE) covariance Σ_i w_i (x_i − μ)(x_i − μ)ᵀ, w summing to 1.
+
+    Raises a ``ValueError`` when the anchors have (numerically) zero variance.
+    """
+    mean = w @ X
+    Xc = X - mean
+    cov = (Xc * w[:, None]).T @ Xc
+    scale = float((w @ (X * X)).sum())
+    if float(torch.trace(cov)) <= 1e-12 * max(scale, torch.finfo(X.dtype).tiny):
+        raise ValueError("The anchors have zero variance (all identical); a covariance needs at least 2 distinct anchors.")
+    return mean, cov
