@@ -4,6 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # CPU build of torch (a plain `torch` requirement would pull a multi-GB CUDA build).
 TORCH ?= torch==2.13.0
+OPEN_CLIP ?= open_clip_torch==3.3.0 ftfy wcwidth torchvision==0.16.2 requests urllib3 charset-normalizer certifi
 
 .PHONY: setup demo test bench clean
 
@@ -14,13 +15,19 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e '.[test]'
+	# open_clip for the open_clip encoder path. It needs only torchvision's pure-Python
+	# transforms, so a torchvision without compiled ops is installed beside the CPU torch.
+	$(PIP) install -q --no-deps $(OPEN_CLIP)
 	touch $@
 
 demo: setup
-	$(PY) examples/quickstart.py
+	$(VENV)/bin/anchordiv demo
 
 test: setup
 	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -5,7 +5,9 @@ Learning". A set of text anchors defines a distribution; its cumulant generating
 function defines a Bregman geometry on the (unchanged) embedding space.
 """
 
+from . import io, metrics, search, special
 from .anchors import AnchorSet
+from .index import Index
 from .baselines import Cosine, ImageTextInversion
 from .models import (
     MODELS,
@@ -26,4 +28,5 @@ __version__ = "0.1.0"
 __all__ = [
     "AnchorSet", "AnchorModel", "Geometry", "NotFittedError", "Softmax", "Gaussian", "GaussianMixture",
     "LatentGaussian", "LatentSpherical", "Cosine", "ImageTextInversion", "MODELS", "make_model", "registry",
+    "Index", "io", "metrics", "search", "special",
 ]

@@ -8,6 +8,7 @@ has an image tower, ``_encode_image_batch``) on one batch; this module turns tho
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import os
 from typing import Any, Callable, Sequence
@@ -31,7 +32,14 @@ class MissingDependencyError(ImportError, RuntimeError):
     """
 
 
-def require(module: str, pip_name: str, needed_by: str, hint: str = "") -> Any:
+def _is_installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module.split(".")[0]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require(module: str, pip_name: str, needed_by: str, hint: str | None = None) -> Any:
     """Import an optional dependency of a backend or raise a :class:`MissingDependencyError`.
 
     Parameters
@@ -43,7 +51,8 @@ def require(module: str, pip_name: str, needed_by: str, hint: str = "") -> Any:
     needed_by : str
         What needs it, for the message, e.g. ``"encoder spec 'minilm'"``.
     hint : str, optional
-        Extra advice appended to the message when the module exists but fails to import.
+        Advice appended to the message when the module is installed but fails to import;
+        by default, how to check for a torchvision that does not match torch.
 
     Returns
     -------
@@ -53,19 +62,27 @@ def require(module: str, pip_name: str, needed_by: str, hint: str = "") -> Any:
     Raises
     ------
     MissingDependencyError
-        If the import fails for any reason. The original exception is chained.
+        If the import fails for any reason. The message says whether the package is
+        missing (with the ``pip install`` command) or present but failing to import
+        (with the error). The original exception is chained.
     """
     try:
         return importlib.import_module(module)
-    except ImportError as exc:
+    except Exception as exc:
+        if not _is_installed(module):
+            raise MissingDependencyError(
+                f"{needed_by} needs the optional package {module!r}, which is not "
+                f"installed. Install it with: pip install {pip_name}"
+            ) from exc
+        if hint is None:
+            hint = (
+                "A common cause is a torchvision build that does not match torch "
+                f"{torch.__version__}: if `python -c 'import torchvision'` fails, install a "
+                "torchvision made for this torch or uninstall torchvision."
+            )
         raise MissingDependencyError(
-            f"{needed_by} needs the optional package {module!r}, which is not "
-            f"installed ({exc}). Install it with: pip install {pip_name}"
-        ) from exc
-    except Exception as exc:  # a package that is present but broken (e.g. ABI mismatch)
-        raise MissingDependencyError(
-            f"{needed_by} needs the package {module!r}, which is installed but "
-            f"failed to import: {type(exc).__name__}: {exc}. {hint}".rstrip()
+            f"{needed_by} needs the package {module!r}, which is installed but failed to "
+            f"import: {type(exc).__name__}: {str(exc).rstrip('.')}. {hint}".rstrip()
         ) from exc
 
 

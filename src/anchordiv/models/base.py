@@ -220,25 +220,41 @@ class AnchorModel(Geometry):
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
         return value if name == "tau" else 1.0 / value
 
-    def fit(self, anchors: Any) -> "AnchorModel":
+    def fit(self, anchors: Any, prior: Any = None) -> "AnchorModel":
         """Fit the anchor distribution to ``anchors`` (an :class:`AnchorSet` or an (N, d) array).
 
-        Returns self.
+        With ``prior``, ``anchors`` are the target anchors of a posterior anchor model
+        (paper §4, App. D): ``prior`` is a broad :class:`AnchorSet` or (N, d) array, fitted
+        with a clone of this model's parameters, or an already fitted model of the same
+        class. The broad fit sets the prior, the target anchors update it, and the
+        posterior summary becomes this model's fitted parameters; ``prior_`` holds the
+        broad model. Each model documents its update. Returns self.
         """
         tau = self._resolve_tau()
         if not isinstance(anchors, AnchorSet):
             anchors = AnchorSet(anchors)
         anchors = anchors.support()
-        if len(anchors) < self.min_anchors:
-            raise ValueError(
-                f"{type(self).__name__} needs at least {self.min_anchors} anchors with positive weight, "
-                f"got {len(anchors)}; add anchors or use another model."
-            )
+        if prior is None:
+            if len(anchors) < self.min_anchors:
+                raise ValueError(
+                    f"{type(self).__name__} needs at least {self.min_anchors} anchors with positive weight, "
+                    f"got {len(anchors)}; add anchors or use another model."
+                )
+        else:
+            from .posterior import resolve_prior
+
+            prior = resolve_prior(self, prior, anchors)
         self._reset_cache()
+        for name in getattr(self, "_posterior_attributes", ()):
+            self.__dict__.pop(name, None)
         self.tau_ = tau
         self.n_anchors_ = len(anchors)
         self.device_ = anchors.device
-        self._fit(anchors)
+        if prior is None:
+            self._fit(anchors)
+        else:
+            self._fit_posterior(anchors, prior)
+            self.prior_ = prior
         self.dim_ = anchors.dim
         return self
 

@@ -1,16 +1,17 @@
-"""Gaussian anchor model (paper §3, App. B.2, C)."""
+"""Gaussian anchor model (paper §3, App. B.2, C) and its Normal–Inverse-Wishart adaptation (App. D.2)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from ..anchors import AnchorSet
-import math
-
 from .base import EuclideanModel, weighted_mean_cov
+from .posterior import NormalInverseWishart, PosteriorMixin, check_positive, niw_update, target_counts
 
 
-class Gaussian(EuclideanModel):
+class Gaussian(PosteriorMixin, EuclideanModel):
     """Gaussian anchor distribution q = N(μ, Σ) fitted by maximum likelihood.
 
     .. math::
@@ -26,18 +27,81 @@ class Gaussian(EuclideanModel):
     The divergence is ‖z(λ1) − z(λ2)‖² with z(λ) = Σ^{1/2}λ/(τ√2), so search is L2 search
     on z (:meth:`euclidean_embedding`).
 
+    **Posterior adaptation** (``fit(target, prior=broad)``, App. D.2, hyperparameters of
+    App. E.5). The broad fit (μ_b, Σ_b) centres a Normal–Inverse-Wishart prior,
+
+    .. math::
+
+        \\Sigma \\sim \\mathcal{IW}(\\Psi_0, \\nu_0), \\quad
+        \\mu \\mid \\Sigma \\sim \\mathcal N(\\mu_0, \\Sigma/\\kappa_0), \\quad
+        \\mu_0 = \\mu_b, \\quad \\Psi_0 = (\\nu_0 - d - 1)\\Sigma_b,
+
+    and the n target anchors (mean γ̄, scatter S) update it conjugately:
+
+    .. math::
+
+        \\kappa_n = \\kappa_0 + n, \\quad \\nu_n = \\nu_0 + n, \\quad
+        \\mu_n = \\frac{\\kappa_0\\mu_0 + n\\bar\\gamma}{\\kappa_0 + n}, \\quad
+        \\Psi_n = \\Psi_0 + S + \\frac{\\kappa_0 n}{\\kappa_0 + n}(\\bar\\gamma - \\mu_0)(\\bar\\gamma - \\mu_0)^\\top.
+
+    The adapted model is μ̂ = μ_n and Σ̂ = Ψ_n/(ν_n − d − 1) (posterior mean, ``summary="mean"``)
+    or Σ̂ = Ψ_n/(ν_n + d + 2) (joint MAP of (μ, Σ), ``summary="mode"``). One target anchor
+    suffices (S = 0). A weighted target of n anchors counts anchor i n·w_i times.
+
+    Parameters
+    ----------
+    tau, logit_scale : float
+        Temperature, or its inverse. Give exactly one.
+    kappa0 : float, default 5
+        κ0 > 0, prior strength on the mean, in target anchors (App. E.5).
+    nu0 : float, optional
+        ν0 > d + 1, prior strength on the covariance; ``None`` means d + 20 (App. E.5).
+    summary : {"mean", "mode"}, default "mean"
+        Posterior summary of Σ (see above).
+
     Attributes
     ----------
     mean_ : torch.Tensor (d,)
     covariance_ : torch.Tensor (d, d)
+    prior_ : Gaussian
+        The broad fit (adapted models only).
+    posterior_ : NormalInverseWishart
+        κ_n, ν_n, μ_n and Ψ_n as ``kappa``, ``nu``, ``mean``, ``scale`` (adapted models only).
     """
 
     min_anchors = 2
+
+    def __init__(self, tau: float | None = None, logit_scale: float | None = None, kappa0: float = 5.0,
+                 nu0: float | None = None, summary: str = "mean"):
+        super().__init__(tau=tau, logit_scale=logit_scale)
+        self.kappa0 = kappa0
+        self.nu0 = nu0
+        self.summary = summary
 
     def _fit(self, anchors: AnchorSet) -> None:
         X = anchors.embeddings.to(torch.float64)
         self.mean_, self.covariance_ = weighted_mean_cov(X, anchors.weights)
 
+    # -------------------------------------------------------------- posterior
+    def _check_posterior_params(self, dim: int) -> tuple[float, float]:
+        kappa0 = check_positive("kappa0", self.kappa0)
+        nu0 = dim + 20.0 if self.nu0 is None else check_positive("nu0", self.nu0)
+        if not nu0 > dim + 1:
+            raise ValueError(f"nu0={self.nu0} must be > d + 1 = {dim + 1}; the default None means d + 20.")
+        if self.summary not in ("mean", "mode"):
+            raise ValueError(f"summary must be 'mean' or 'mode', got {self.summary!r}.")
+        return kappa0, nu0
+
+    def _fit_posterior(self, target: AnchorSet, prior: "Gaussian") -> None:
+        kappa0, nu0 = self._check_posterior_params(target.dim)
+        X, counts = target_counts(target)
+        niw = NormalInverseWishart.from_estimate(prior.mean_, prior.covariance_, kappa0, nu0)
+        self.posterior_ = niw_update(niw, X, counts)
+        self.mean_ = self.posterior_.mean
+        self.covariance_ = self.posterior_.covariance(self.summary)
+        self._reset_cache()
+
+    # ------------------------------------------------------------------ math
     def _flops_per_row(self) -> float:
         return 2.0 * self.dim_ ** 2
 

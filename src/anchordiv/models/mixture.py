@@ -1,4 +1,4 @@
-"""Gaussian mixture anchor model (paper §3, App. B.5, C, E.5)."""
+"""Gaussian mixture anchor model (paper §3, App. B.5, C, E.5) and its Dirichlet–NIW adaptation (App. D.5)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import torch
 
 from ..anchors import AnchorSet
 from .base import AnchorModel
+from .posterior import (NormalInverseWishart, PosteriorMixin, check_positive, dirichlet_update, niw_update,
+                        target_counts)
 
 _EPS = torch.finfo(torch.float64).eps
 
@@ -97,7 +99,7 @@ def em(X: torch.Tensor, w: torch.Tensor, resp: torch.Tensor, reg_covar: float, t
     return weights, means, covs, n_iter, converged, ll
 
 
-class GaussianMixture(AnchorModel):
+class GaussianMixture(PosteriorMixin, AnchorModel):
     """Gaussian-mixture anchor distribution q = Σ_m π_m N(μ_m, Σ_m), fitted by EM.
 
     .. math::
@@ -112,34 +114,78 @@ class GaussianMixture(AnchorModel):
     (App. E.5). It runs in float64 torch on the anchors' device.
     Reference: Kannan, Park, Veitch (2026), Prop. 9 (eq. B.47–B.48), App. C, E.5.
 
+    **Posterior adaptation** (``fit(target, prior=broad)``, App. D.5, hyperparameters of
+    App. E.5). The broad M-component fit (π_b, μ_b, Σ_b) sets a symmetric Dirichlet prior on
+    the weights and an independent NIW prior per component, μ_{0,m} = μ_{b,m},
+    Ψ_{0,m} = (ν0 − d − 1)Σ_{b,m}. The responsibilities r_im of the n target anchors under
+    the broad mixture are computed once and give soft counts:
+
+    .. math::
+
+        N_m = \\sum_i r_{im}, \\quad
+        \\bar\\gamma_m = \\frac1{N_m}\\sum_i r_{im}\\gamma_i, \\quad
+        S_m = \\sum_i r_{im}(\\gamma_i - \\bar\\gamma_m)(\\gamma_i - \\bar\\gamma_m)^\\top,
+
+        \\alpha'_m = \\alpha + N_m, \\quad \\kappa'_m = \\kappa_0 + N_m, \\quad \\nu'_m = \\nu_0 + N_m, \\quad
+        \\mu'_m = \\frac{\\kappa_0\\mu_{0,m} + N_m\\bar\\gamma_m}{\\kappa_0 + N_m},
+
+        \\Psi'_m = \\Psi_{0,m} + S_m + \\frac{\\kappa_0 N_m}{\\kappa_0 + N_m}
+            (\\bar\\gamma_m - \\mu_{0,m})(\\bar\\gamma_m - \\mu_{0,m})^\\top.
+
+    The adapted mixture is the posterior mean: π̂_m = α'_m / Σ_ℓ α'_ℓ, μ̂_m = μ'_m,
+    Σ̂_m = Ψ'_m/(ν'_m − d − 1). A component with N_m = 0 keeps its broad mean and covariance
+    (and weight α/Σα'). The broad covariances already hold ``reg_covar``·I, so Σ̂_m is
+    positive definite without further regularisation. A weighted target of n anchors gives
+    anchor i the count n·w_i (r_im becomes n·w_i·r_im). One target anchor suffices.
+
     Parameters
     ----------
     n_components : int, default 1
-        Number of mixture components M (≤ number of anchors).
+        Number of mixture components M (≤ number of anchors; of broad anchors when adapting).
     seed : int, default 0
         Seed of the k-means++ initialisation.
     tau, logit_scale : float
         Temperature, or its inverse. Give exactly one.
     reg_covar, tol, max_iter : float, float, int
         1e-5, 1e-3 and 200 as in the paper.
+    dirichlet_alpha : float, default 1
+        α > 0, the symmetric Dirichlet concentration (App. E.5).
+    kappa0 : float, default 5
+        κ0 > 0, shared by the components (App. E.5).
+    nu0 : float, optional
+        ν0 > d + 1, shared by the components; ``None`` means d + 20 (App. E.5).
 
     Attributes
     ----------
     weights_ : (M,), means_ : (M, d), covariances_ : (M, d, d)
     n_iter_ : int, converged_ : bool, lower_bound_ : float (mean log-likelihood)
+        EM diagnostics; of the broad fit for an adapted model.
+    prior_ : GaussianMixture
+        The broad fit (adapted models only).
+    posterior_ : NormalInverseWishart
+        The M component posteriors: ``kappa`` (M,), ``nu`` (M,), ``mean`` (M, d) and
+        ``scale`` (M, d, d) hold κ'_m, ν'_m, μ'_m, Ψ'_m (adapted models only).
+    concentration_ : torch.Tensor (M,)
+        The Dirichlet posterior α'_m = α + N_m (adapted models only).
     """
 
     min_anchors = 2
+    _prior_shared_params = ("n_components",)
+    _posterior_attributes = ("prior_", "posterior_", "concentration_")
 
     def __init__(self, n_components: int = 1, seed: int = 0, tau: float | None = None,
                  logit_scale: float | None = None, reg_covar: float = 1e-5, tol: float = 1e-3,
-                 max_iter: int = 200):
+                 max_iter: int = 200, dirichlet_alpha: float = 1.0, kappa0: float = 5.0,
+                 nu0: float | None = None):
         super().__init__(tau=tau, logit_scale=logit_scale)
         self.n_components = n_components
         self.seed = seed
         self.reg_covar = reg_covar
         self.tol = tol
         self.max_iter = max_iter
+        self.dirichlet_alpha = dirichlet_alpha
+        self.kappa0 = kappa0
+        self.nu0 = nu0
 
     def _fit(self, anchors: AnchorSet) -> None:
         M = self.n_components
@@ -157,6 +203,31 @@ class GaussianMixture(AnchorModel):
         weights, means, covs, n_iter, converged, ll = em(X, w, resp, self.reg_covar, self.tol, self.max_iter)
         self._set_components(weights, means, covs)
         self.n_iter_, self.converged_, self.lower_bound_ = n_iter, converged, ll
+
+    # -------------------------------------------------------------- posterior
+    def _check_posterior_params(self, dim: int) -> tuple[float, float, float]:
+        alpha = check_positive("dirichlet_alpha", self.dirichlet_alpha)
+        kappa0 = check_positive("kappa0", self.kappa0)
+        nu0 = dim + 20.0 if self.nu0 is None else check_positive("nu0", self.nu0)
+        if not nu0 > dim + 1:
+            raise ValueError(f"nu0={self.nu0} must be > d + 1 = {dim + 1}; the default None means d + 20.")
+        return alpha, kappa0, nu0
+
+    def _fit_posterior(self, target: AnchorSet, prior: "GaussianMixture") -> None:
+        alpha, kappa0, nu0 = self._check_posterior_params(target.dim)
+        X, counts = target_counts(target)
+        weights = prior.weights_.to(torch.float64)
+        means = prior.means_.to(torch.float64)
+        covs = prior.covariances_.to(torch.float64)
+        resp, _ = e_step(X, counts, weights, means, covs)
+        soft = resp * counts[:, None]
+        niw = NormalInverseWishart.from_estimate(means, covs, kappa0, nu0)
+        posterior = niw_update(niw, X, soft)
+        concentration = dirichlet_update(alpha, soft.sum(0))
+        self.posterior_ = posterior
+        self.concentration_ = concentration
+        self._set_components(concentration / concentration.sum(), posterior.mean, posterior.covariance("mean"))
+        self.n_iter_, self.converged_, self.lower_bound_ = prior.n_iter_, prior.converged_, prior.lower_bound_
 
     def _set_components(self, weights: torch.Tensor, means: torch.Tensor, covs: torch.Tensor) -> None:
         self.weights_, self.means_, self.covariances_ = weights, means, covs

@@ -1,0 +1,1021 @@
+"""The ``anchordiv`` command line: embed collections, embed anchors, search, compare, index, demo.
+
+Every command has ``--help`` with a worked example. Errors are printed as one line,
+``Error: …``, with exit status 1 (2 for usage errors); the global ``--debug`` option shows
+the full traceback instead.
+
+Anchors are given as ``PATH`` or ``PATH:NAME[:P][,NAME[:P]…]`` (a mixture of named sets of
+a YAML file, e.g. ``anchors.yaml:object:0.7,style:0.3``); see :mod:`anchordiv.anchorsfile`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io as _io
+import json
+import math
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+from . import __version__
+
+#: Geometries accepted by ``--model`` (the registry of :func:`anchordiv.make_model`).
+MODEL_NAMES = ("softmax", "gaussian", "gmm", "latent_gaussian", "latent_spherical", "cosine", "iti")
+#: Geometries with a temperature.
+TAU_MODELS = ("softmax", "gaussian", "gmm", "latent_gaussian", "latent_spherical")
+#: Geometries that need anchors.
+ANCHOR_MODELS = TAU_MODELS + ("iti",)
+#: Suffix of the file written next to a saved index with what the command line needs.
+INDEX_META_SUFFIX = ".anchordiv.json"
+
+_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+_ENCODERS: dict[tuple, Any] = {}
+
+
+# ---------------------------------------------------------------------------
+# error handling
+
+
+def _one_line(exc: BaseException) -> str:
+    """A one-line message for ``exc``."""
+    if isinstance(exc, KeyError) and exc.args:
+        msg = str(exc.args[0])
+    else:
+        msg = str(exc)
+    if isinstance(exc, click.ClickException):
+        msg = exc.format_message()
+    msg = " ".join(msg.split())
+    known = (click.ClickException, ValueError, OSError, KeyError, RuntimeError, ImportError, TypeError, NotImplementedError)
+    if not msg:
+        return type(exc).__name__
+    if not isinstance(exc, known):
+        msg = f"{type(exc).__name__}: {msg}"
+    return msg
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    click.echo(f"Warning: {' '.join(str(message).split())}", err=True)
+
+
+class _Error(click.ClickException):
+    """A one-line ``Error: …`` with a chosen exit status."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class _Group(click.Group):
+    """A click group that turns exceptions into one-line errors unless ``--debug`` is given."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        """Parse the group's own options; a usage error there is one line too."""
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            if parent is not None:
+                raise
+            raise _Error(f"{_one_line(exc)} (see '{info_name or self.name} --help')", exit_code=exc.exit_code) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the subcommand; report a failure as ``Error: …`` (exit 1), or re-raise with ``--debug``."""
+        debug = bool(ctx.params.get("debug"))
+        if ctx.parent is not None:
+            return super().invoke(ctx)
+        show = warnings.showwarning
+        if not debug:
+            warnings.showwarning = _show_warning
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            raise _Error(f"{_one_line(exc)} (see '{where} --help')", exit_code=exc.exit_code) from None
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            if debug:
+                raise
+            raise _Error(_one_line(exc) + " (rerun with --debug for the traceback)") from None
+        finally:
+            warnings.showwarning = show
+
+
+# ---------------------------------------------------------------------------
+# shared helpers
+
+
+class LazyEncoder:
+    """An encoder that is loaded on first use; its ``name`` (the spec) is known at once.
+
+    Parameters
+    ----------
+    spec : str
+        Encoder spec for :func:`anchordiv.encoders.load`.
+    device : str, optional
+        Device to run on.
+    batch_size : int, optional
+        Items per forward pass.
+
+    Notes
+    -----
+    Loaded encoders are kept for the life of the process, keyed by spec and device, so
+    repeated commands in one process load a model once.
+    """
+
+    def __init__(self, spec: str, device: str | None = None, batch_size: int | None = None):
+        self.name = spec
+        self._device = device
+        self._batch_size = batch_size
+
+    @property
+    def loaded(self) -> Any:
+        """The underlying encoder (loaded now if needed)."""
+        from . import encoders
+
+        key = (self.name, str(encoders.resolve_device(self._device)))
+        if key not in _ENCODERS:
+            _ENCODERS[key] = encoders.load(self.name, device=key[1])
+        enc = _ENCODERS[key]
+        if self._batch_size is not None:
+            enc.batch_size = encoders.check_batch_size(self._batch_size)
+        return enc
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(self.loaded, attr)
+
+
+def _parse_rank(value: str | None) -> int | float | None:
+    """``--rank`` as an int k or a float variance fraction."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        if any(c in text for c in ".eE"):
+            return float(text)
+        return int(text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an int k or a variance fraction in (0, 1]", param_hint="--rank") from None
+
+
+def _split_models(values: Sequence[str], default: str = "softmax") -> list[str]:
+    """Model names from repeatable, comma-separated ``--model`` values, in order, without repeats."""
+    out: list[str] = []
+    for v in values or (default,):
+        for name in v.split(","):
+            name = name.strip()
+            if not name:
+                continue
+            if name not in MODEL_NAMES:
+                raise click.BadParameter(f"unknown model {name!r}; choose from {', '.join(MODEL_NAMES)}",
+                                         param_hint="--model")
+            if name not in out:
+                out.append(name)
+    if not out:
+        raise click.BadParameter("give at least one model", param_hint="--model")
+    return out
+
+
+def _check_model_options(models: Sequence[str], tau: float | None, components: int | None,
+                         rank: Any, seed: int | None = None) -> None:
+    """Reject model options that none of ``models`` takes."""
+    if tau is not None and not any(m in TAU_MODELS for m in models):
+        raise click.UsageError(f"--tau applies to {', '.join(TAU_MODELS)}, not to --model {','.join(models)}")
+    if components is not None and "gmm" not in models:
+        raise click.UsageError("--components applies only to --model gmm")
+    if rank is not None and not any(m.startswith("latent_") for m in models):
+        raise click.UsageError("--rank applies only to --model latent_gaussian or latent_spherical")
+    if seed is not None and "gmm" not in models:
+        raise click.UsageError("--seed applies only to --model gmm")
+
+
+def _build_model(name: str, anchors: Any, tau: float | None, components: int | None, rank: Any,
+                 seed: int | None) -> Any:
+    """A fitted geometry from its registry name."""
+    from .models import make_model
+
+    params: dict[str, Any] = {}
+    if name in TAU_MODELS:
+        if tau is None:
+            raise click.UsageError(
+                f"--model {name} needs a temperature: pass --tau, or use a collection whose manifest records one"
+            )
+        params["tau"] = float(tau)
+    if name == "gmm":
+        if components is not None:
+            params["n_components"] = int(components)
+        if seed is not None:
+            params["seed"] = int(seed)
+    if name.startswith("latent_") and rank is not None:
+        params["rank"] = rank
+    model = make_model(name, **params)
+    if name in ANCHOR_MODELS:
+        if anchors is None:
+            raise click.UsageError(f"--model {name} needs --anchors")
+        return model.fit(anchors)
+    return model.fit(None)
+
+
+def _load_collection(path: str) -> Any:
+    from .io import load_collection
+
+    return load_collection(path)
+
+
+def _collection_encoder(collection: Any, override: str | None, device: str | None,
+                        what: str = "the collection") -> LazyEncoder | None:
+    """The encoder for queries and anchors: ``--encoder`` or the one recorded in the collection."""
+    recorded = getattr(collection, "encoder", None) if collection is not None else None
+    if override:
+        if recorded and recorded != override:
+            warnings.warn(
+                f"--encoder {override!r} differs from the encoder {recorded!r} recorded in {what}; "
+                "distances mix embeddings of different models"
+            )
+        return LazyEncoder(override, device)
+    if recorded:
+        return LazyEncoder(recorded, device)
+    return None
+
+
+def _require_encoder(encoder: LazyEncoder | None, why: str) -> LazyEncoder:
+    if encoder is None:
+        raise click.UsageError(f"{why} needs an encoder: pass --encoder SPEC (the collection records none)")
+    return encoder
+
+
+def _resolve_anchor_options(specs: Sequence[str], encoder: LazyEncoder | None) -> list[tuple[str, Any, float | None]]:
+    """``(spec, AnchorSet, encoder tau)`` for each ``--anchors`` value."""
+    from .anchorsfile import resolve_anchor_spec
+
+    out = []
+    for spec in specs:
+        enc = _require_encoder(encoder, "--anchors")
+        res = resolve_anchor_spec(spec, enc, arg="--anchors")
+        out.append((spec, res.anchors, res.embedded.tau))
+    return out
+
+
+def _default_tau(tau: float | None, collection: Any, anchor_taus: Sequence[float | None],
+                 encoder: LazyEncoder | None, models: Sequence[str]) -> float | None:
+    """``--tau``, else the collection's manifest, else the encoder's tau."""
+    if tau is not None:
+        return tau
+    if collection is not None and getattr(collection, "tau", None) is not None:
+        return float(collection.tau)
+    for t in anchor_taus:
+        if t is not None:
+            return float(t)
+    if encoder is not None and any(m in TAU_MODELS for m in models):
+        return float(encoder.tau)
+    return None
+
+
+def _find_rows(collection: Any, values: Sequence[str]) -> list[int]:
+    """Row numbers for ``--query-id`` values: an ``id`` metadata column value, else a row number."""
+    n = len(collection)
+    id_col = None
+    meta = getattr(collection, "metadata", None)
+    if meta is not None and "id" in meta.columns:
+        id_col = [str(v) for v in meta["id"].tolist()]
+    rows = []
+    for v in values:
+        if id_col is not None and v in id_col:
+            rows.append(id_col.index(v))
+            continue
+        try:
+            r = int(v)
+        except ValueError:
+            raise click.BadParameter(
+                f"{v!r} is neither a row number nor a value of the collection's 'id' column",
+                param_hint="--query-id") from None
+        if not 0 <= r < n:
+            raise click.BadParameter(f"row {r} is out of range; the collection has {n} rows (0..{n - 1})",
+                                     param_hint="--query-id")
+        rows.append(r)
+    return rows
+
+
+def _item_column(collection: Any) -> str | None:
+    meta = getattr(collection, "metadata", None)
+    if meta is None:
+        return None
+    for col in ("caption", "image_path", "text"):
+        if col in meta.columns:
+            return col
+    return None
+
+
+def _describe_row(collection: Any, row: int) -> str:
+    col = _item_column(collection)
+    if col is None:
+        return f"row {row}"
+    return str(collection.metadata[col].iloc[row])
+
+
+class _Queries:
+    """Query vectors with a label and kind for each."""
+
+    def __init__(self) -> None:
+        self.vectors: list[Any] = []
+        self.labels: list[str] = []
+        self.kinds: list[str] = []
+        self.rows: list[int | None] = []
+
+
+def _gather_queries(collection: Any, ids: Sequence[str], texts: Sequence[str], images: Sequence[str],
+                    encoder: LazyEncoder | None, dim: int | None) -> _Queries:
+    import numpy as np
+
+    if not (ids or texts or images):
+        raise click.UsageError("give at least one query: --query-id, --query-text or --query-image")
+    q = _Queries()
+    if ids:
+        if collection is None:
+            raise click.UsageError("--query-id needs a collection")
+        for r in _find_rows(collection, ids):
+            q.vectors.append(np.asarray(collection.embeddings[r], dtype=np.float32))
+            q.labels.append(f"#{r} {_describe_row(collection, r)}")
+            q.kinds.append("id")
+            q.rows.append(r)
+    if texts:
+        enc = _require_encoder(encoder, "--query-text")
+        for t, v in zip(texts, enc.encode_text(list(texts))):
+            q.vectors.append(v)
+            q.labels.append(t)
+            q.kinds.append("text")
+            q.rows.append(None)
+    if images:
+        enc = _require_encoder(encoder, "--query-image")
+        for p, v in zip(images, enc.encode_images(list(images))):
+            q.vectors.append(v)
+            q.labels.append(p)
+            q.kinds.append("image")
+            q.rows.append(None)
+    if dim is not None:
+        bad = [lab for lab, v in zip(q.labels, q.vectors) if v.shape[-1] != dim]
+        if bad:
+            raise ValueError(
+                f"query {bad[0]!r} has dimension {len(q.vectors[q.labels.index(bad[0])])} but the collection "
+                f"has {dim}; embed queries with the collection's encoder (--encoder)"
+            )
+    return q
+
+
+def _check_k(k: int, n: int) -> None:
+    if k > n:
+        raise click.BadParameter(f"{k} exceeds the {n} items searched; pass -k {n} or less", param_hint="-k")
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly form of a metadata value."""
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            value = value.item()
+        except (ValueError, TypeError):
+            pass
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def _results(collection: Any, queries: _Queries, distances: Any, indices: Any, k: int,
+             include_self: bool) -> list[dict]:
+    """Per query: its label and kind and the top-k rows with metadata."""
+    import numpy as np
+
+    meta = getattr(collection, "metadata", None)
+    columns = [] if meta is None else [str(c) for c in meta.columns]
+    out = []
+    for qi, label in enumerate(queries.labels):
+        hits = []
+        for d, i in zip(np.asarray(distances[qi]).tolist(), np.asarray(indices[qi]).tolist()):
+            if i < 0 or (not include_self and queries.rows[qi] is not None and i == queries.rows[qi]):
+                continue
+            if len(hits) == k:
+                break
+            hit = {"rank": len(hits) + 1, "id": int(i), "distance": float(d)}
+            if meta is not None and i < len(meta):
+                for c in columns:
+                    hit[c] = _plain(meta[c].iloc[i])
+            hits.append(hit)
+        out.append({"query": label, "kind": queries.kinds[qi], "row": queries.rows[qi], "results": hits})
+    return out
+
+
+def _shorten(text: str, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(h), *(len(r[j]) for r in rows)) if rows else len(h) for j, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return "\n".join(lines)
+
+
+def _emit(results: list[dict], fmt: str, info: dict) -> None:
+    """Print search results as a table, JSON or CSV."""
+    columns: list[str] = []
+    for q in results:
+        for h in q["results"]:
+            for c in h:
+                if c not in ("rank", "id", "distance") and c not in columns:
+                    columns.append(c)
+    if fmt == "json":
+        click.echo(json.dumps({**info, "queries": results}, indent=2, ensure_ascii=False))
+        return
+    if fmt == "csv":
+        buf = _io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["query", "query_kind", "rank", "id", "distance", *columns])
+        for q in results:
+            for h in q["results"]:
+                w.writerow([q["query"], q["kind"], h["rank"], h["id"], repr(h["distance"]),
+                            *("" if h.get(c) is None else h.get(c) for c in columns)])
+        click.echo(buf.getvalue(), nl=False)
+        return
+    header = ["rank", "id", "distance", *columns]
+    desc = ", ".join(f"{k}={v}" for k, v in info.items() if v is not None and k != "collection")
+    click.echo(f"# {desc}")
+    for q in results:
+        click.echo(f"\nquery ({q['kind']}): {_shorten(q['query'], 80)}")
+        rows = [[str(h["rank"]), str(h["id"]), f"{h['distance']:.6g}",
+                 *(_shorten("" if h.get(c) is None else h[c], 60) for c in columns)] for h in q["results"]]
+        click.echo(_table(rows, header))
+
+
+def _index_meta_path(path: str) -> Path:
+    return Path(os.fspath(path) + INDEX_META_SUFFIX)
+
+
+def _read_index_meta(path: str) -> dict:
+    p = _index_meta_path(path)
+    if not p.is_file():
+        return {}
+    try:
+        with open(p, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--index: cannot read {str(p)!r} ({exc}); rebuild the index") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _parse_params(values: Sequence[str]) -> dict:
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--param")
+        raw = raw.strip()
+        value: Any = raw
+        for conv in (int, float):
+            try:
+                value = conv(raw)
+                break
+            except ValueError:
+                continue
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        out[key] = value
+    return out
+
+
+def _as_device(device: str | None, *arrays: Any) -> list[Any]:
+    """Move numpy arrays to ``device`` as torch tensors (unchanged when ``device`` is None or cpu)."""
+    if device in (None, "cpu"):
+        return list(arrays)
+    import torch
+
+    return [torch.as_tensor(a).to(device) for a in arrays]
+
+
+def _anchors_to(anchors: Any, device: str | None) -> Any:
+    if anchors is None or device in (None, "cpu"):
+        return anchors
+    from .anchors import AnchorSet
+
+    return AnchorSet(anchors.embeddings.to(device), texts=anchors.texts, weights=anchors.weights.to(device))
+
+
+def _to_numpy(x: Any) -> Any:
+    import numpy as np
+
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+# ---------------------------------------------------------------------------
+# shared options
+
+
+def _query_options(f):
+    f = click.option("--query-image", "query_images", multiple=True, metavar="PATH",
+                     help="Image query, embedded with the collection's encoder (repeatable).")(f)
+    f = click.option("--query-text", "query_texts", multiple=True, metavar="TEXT",
+                     help="Text query, embedded with the collection's encoder (repeatable).")(f)
+    f = click.option("--query-id", "query_ids", multiple=True, metavar="ID",
+                     help="Row number of the collection (or a value of its 'id' column) to use as a query "
+                          "(repeatable); the row itself is left out of its results unless --include-self.")(f)
+    return f
+
+
+def _model_options(f):
+    f = click.option("--seed", type=int, default=None, help="Seed of the gmm fit.")(f)
+    f = click.option("--rank", default=None, metavar="K|FRACTION",
+                     help="Latent models: subspace dimension k, or a variance fraction in (0, 1] (default 0.95).")(f)
+    f = click.option("--components", type=click.IntRange(min=1), default=None,
+                     help="gmm: number of mixture components.")(f)
+    f = click.option("--tau", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Temperature; default from the collection's manifest, else the encoder.")(f)
+    return f
+
+
+_FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
+                              show_default=True, help="Output format.")
+_ENCODER_HELP = "Encoder spec for queries and anchors; default: the encoder recorded in the collection."
+
+
+# ---------------------------------------------------------------------------
+# the commands
+
+
+@click.group(cls=_Group, context_settings=_CONTEXT)
+@click.option("--debug", is_flag=True, help="Show the full traceback of an error.")
+@click.version_option(__version__, prog_name="anchordiv")
+def cli(debug: bool) -> None:
+    """Context-specific similarity on fixed embeddings (anchor divergences).
+
+    Embed a collection once, describe the context with text anchors, and search or
+    compare neighbours under several geometries.
+
+    Anchors are PATH or PATH:NAME[:P][,NAME[:P]...], e.g. anchors.yaml:object:0.7,style:0.3
+    (a mixture of the sets 'object' and 'style' of a YAML anchors file).
+
+    Example:
+
+    \b
+      anchordiv embed captions.txt --out coll/
+      anchordiv anchors anchors.yaml
+      anchordiv search coll/ --anchors anchors.yaml:style --query-text "a red car" -k 5
+    """
+
+
+@cli.command(short_help="Embed images or texts into a collection.")
+@click.argument("source", type=click.Path(exists=True))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Collection folder to write.")
+@click.option("--model", "--encoder", "model", default="minilm", show_default=True, metavar="SPEC",
+              help="Encoder spec: minilm, open_clip:ARCH/PRETRAINED, hf_clip:NAME, sentence-transformers:NAME.")
+@click.option("--column", default=None, help="Text column of a CSV/TSV/parquet file (default: caption, else text).")
+@click.option("--shard-size", type=click.IntRange(min=1), default=10_000, show_default=True, help="Items per shard.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Items per encoder call.")
+@click.option("--device", default=None, help="Torch device of the encoder (default: cuda if available, else cpu).")
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
+              help="Storage type of the embeddings.")
+@click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
+def embed(source: str, out_dir: str, model: str, column: str | None, shard_size: int, batch_size: int,
+          device: str | None, dtype: str, progress: bool | None) -> None:
+    """Embed an image folder, a text file or a CSV/parquet text column into a collection.
+
+    SOURCE is a folder of images (labels = parent folder names), a text file (one item
+    per line), or a .csv/.tsv/.parquet file whose text column is --column (other columns
+    are kept as labels). The output uses the clip-retrieval layout (img_emb/ or
+    text_emb/, metadata/, collection.json). Rerunning the same command resumes an
+    interrupted job.
+
+    Example:
+
+    \b
+      anchordiv embed reviews.csv --column text --out reviews_emb/
+      anchordiv embed photos/ --model open_clip:ViT-B-32/laion2b_s34b_b79k --out photos_emb/
+    """
+    from .io import embed_collection, list_images, read_texts
+
+    src = Path(source)
+    if src.is_dir():
+        if column is not None:
+            raise click.UsageError("--column applies to CSV/TSV/parquet files, not to an image folder")
+        items, kind = list_images(src), "image"
+    else:
+        items, kind = read_texts(src, column=column), "text"
+    encoder = LazyEncoder(model, device, batch_size)
+    show = sys.stderr.isatty() if progress is None else progress
+    res = embed_collection(items, encoder, out_dir, kind=kind, shard_size=shard_size, dtype=dtype,
+                           progress=show, batch_size=batch_size)
+    noun = "images" if kind == "image" else "texts"
+    if res.shards_written == 0 and res.complete:
+        click.echo(f"Nothing to do: {res.out_dir} already holds {res.n_embedded} embedded {noun}; "
+                   f"skipped {res.n_skipped}.")
+    else:
+        verb = "Resumed and embedded" if res.resumed else "Embedded"
+        click.echo(f"{verb} {res.n_embedded} of {res.n_items} {noun} with {model} into {res.out_dir} "
+                   f"({res.shards_written} shard(s) written, {res.n_shards} in all); skipped {res.n_skipped}.")
+    for s in res.skipped[:10]:
+        click.echo(f"  skipped #{s['index']} {s['item']}: {s['reason']}", err=True)
+    if res.n_skipped > 10:
+        click.echo(f"  ... and {res.n_skipped - 10} more (listed in collection.json)", err=True)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--model", "--encoder", "model", default="minilm", show_default=True, metavar="SPEC",
+              help="Encoder spec (as for embed).")
+@click.option("--device", default=None, help="Torch device of the encoder.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Phrases per encoder call.")
+@click.option("--refresh", is_flag=True, help="Recompute even if a matching cache exists.")
+def anchors(file: str, model: str, device: str | None, batch_size: int | None, refresh: bool) -> None:
+    """Embed an anchors file and cache the result next to it.
+
+    FILE is plain text (one phrase per line, # comments) or YAML with named sets: a list of
+    phrases, or {names: [...], template: "a photo of a {}"} (template may be a list), with
+    optional weights: (per phrase or per name) and mix: (the set's default proportion).
+    The cache FILE.anchors.<encoder>.npz is reused while the file and encoder are unchanged.
+
+    Example:
+
+    \b
+      $ cat anchors.yaml
+      object:
+        names: [cat, dog, car]
+        template: "a photo of a {}"
+      style: [a watercolor painting, a pencil sketch]
+      $ anchordiv anchors anchors.yaml --model minilm
+    """
+    from .anchorsfile import embed_anchors
+
+    enc = LazyEncoder(model, device, batch_size)
+    emb = embed_anchors(file, enc, refresh=refresh)
+    total_mix = sum(emb.mix.values()) or 1.0
+    click.echo(f"{file}: {len(emb.sets)} set(s), {emb.n_phrases} phrase(s); encoder {emb.encoder}"
+               + (f" (tau {emb.tau:.6g})" if emb.tau is not None else "")
+               + f", dim {next(iter(emb.sets.values())).dim}")
+    import torch
+
+    rows = []
+    for name, s in emb.sets.items():
+        uniform = bool(torch.allclose(s.weights, s.weights.new_full(s.weights.shape, 1.0 / len(s))))
+        rows.append([name, str(len(s)), f"{emb.mix[name] / total_mix:.3g}", "uniform" if uniform else "weighted",
+                     _shorten(s.texts[0] if s.texts else "", 50)])
+    click.echo(_table(rows, ["set", "phrases", "mix", "weights", "first phrase"]))
+    state = "reused" if emb.from_cache else ("written" if emb.cache_file else "not written")
+    click.echo(f"cache: {emb.cache_file or '-'} ({state})")
+
+
+@cli.command(short_help="Nearest neighbours under one anchor geometry.")
+@click.argument("collection", type=click.Path(exists=True))
+@_query_options
+@click.option("--anchors", "anchor_spec", default=None, metavar="PATH[:SETS]",
+              help="Anchors file, or PATH:NAME[:P][,NAME[:P]...] for a mixture of its sets.")
+@click.option("--model", "model_name", type=click.Choice(MODEL_NAMES), default="softmax", show_default=True,
+              help="Geometry.")
+@_model_options
+@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Neighbours per query.")
+@click.option("--encoder", default=None, metavar="SPEC", help=_ENCODER_HELP)
+@click.option("--index", "index_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Search a saved index (anchordiv index build) instead; its model and anchors are used.")
+@click.option("--asymmetric", is_flag=True, help="Rank by d(q‖g) instead of the symmetrized divergence.")
+@click.option("--include-self", is_flag=True, help="Keep a --query-id row in its own results.")
+@click.option("--device", default=None, help="Torch device for the encoder and the search.")
+@_FORMAT_OPTION
+def search(collection: str, query_ids, query_texts, query_images, anchor_spec, model_name, tau, components, rank,
+           seed, k, encoder, index_path, asymmetric, include_self, device, fmt) -> None:
+    """Nearest neighbours of queries in a collection under one anchor geometry.
+
+    Queries are rows of the collection (--query-id), texts (--query-text) or images
+    (--query-image), embedded with the encoder recorded in the collection (or --encoder).
+    The temperature defaults to the collection's (the encoder's) tau.
+
+    Example:
+
+    \b
+      anchordiv search coll/ --anchors anchors.yaml:style --model softmax \\
+          --query-text "a watercolor of a harbour" -k 5
+      anchordiv search coll/ --anchors anchors.yaml:object:0.7,style:0.3 \\
+          --model latent_gaussian --rank 8 --query-id 12 --format json
+    """
+    rank = _parse_rank(rank)
+    coll = _load_collection(collection)
+    if index_path is not None:
+        ctx = click.get_current_context()
+        explicit = ctx.get_parameter_source("model_name") == click.core.ParameterSource.COMMANDLINE
+        given = [o for o, v in (("--anchors", anchor_spec), ("--model", model_name if explicit else None),
+                                ("--tau", tau), ("--components", components), ("--rank", rank),
+                                ("--seed", seed), ("--asymmetric", asymmetric or None)) if v is not None]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} cannot be combined with --index (the index holds its model)")
+        _search_index(index_path, coll, query_ids, query_texts, query_images, k, encoder, include_self, device, fmt)
+        return
+    _check_model_options([model_name], tau, components, rank, seed)
+    enc = _collection_encoder(coll, encoder, device)
+    if model_name in ANCHOR_MODELS and anchor_spec is None:
+        raise click.UsageError(f"--model {model_name} needs --anchors")
+    anchor_list = _resolve_anchor_options([anchor_spec], enc) if anchor_spec else []
+    anchor_set = anchor_list[0][1] if anchor_list else None
+    t = _default_tau(tau, coll, [a[2] for a in anchor_list], enc, [model_name])
+    model = _build_model(model_name, _anchors_to(anchor_set, device), t, components, rank, seed)
+    queries = _gather_queries(coll, query_ids, query_texts, query_images, enc, coll.dim)
+    import numpy as np
+
+    Q = np.stack(queries.vectors).astype(np.float32)
+    _check_k(k, len(coll))
+    extra = 0 if include_self or all(r is None for r in queries.rows) else 1
+    kk = min(len(coll), k + extra)
+    Qd, Gd = _as_device(device, Q, coll.embeddings)
+    dist, idx = model.search(Qd, Gd, k=kk, symmetric=not asymmetric)
+    results = _results(coll, queries, _to_numpy(dist), _to_numpy(idx), k, include_self)
+    _emit(results, fmt, {"collection": collection, "model": model_name, "anchors": anchor_spec,
+                         "tau": t if model_name in TAU_MODELS else None, "k": k})
+
+
+def _search_index(index_path: str, coll: Any, query_ids, query_texts, query_images, k: int, encoder: str | None,
+                  include_self: bool, device: str | None, fmt: str) -> None:
+    """Search a saved index and print the results (shared by ``search --index`` and ``index search``)."""
+    import numpy as np
+
+    from .index import Index
+
+    meta = _read_index_meta(index_path)
+    if coll is None and meta.get("collection"):
+        coll = _load_collection(meta["collection"])
+    idx = Index.load(index_path, device=device)
+    if coll is not None and len(idx) and int(np.max(idx.ids)) >= len(coll):
+        raise ValueError(
+            f"--index: {index_path!r} holds ids up to {int(np.max(idx.ids))} but the collection has {len(coll)} rows; "
+            "pass the collection the index was built from"
+        )
+    enc_name = encoder or meta.get("encoder")
+    enc = _collection_encoder(coll, enc_name, device) if coll is not None else (
+        LazyEncoder(enc_name, device) if enc_name else None)
+    queries = _gather_queries(coll, query_ids, query_texts, query_images, enc, idx.dim)
+    Q = np.stack(queries.vectors).astype(np.float32)
+    _check_k(k, len(idx))
+    extra = 0 if include_self or all(r is None for r in queries.rows) else 1
+    kk = min(len(idx), k + extra)
+    (Qd,) = _as_device(device, Q)
+    dist, ids = idx.search(Qd, k=kk)
+    results = _results(coll, queries, _to_numpy(dist), _to_numpy(ids), k, include_self)
+    _emit(results, fmt, {"index": index_path, "backend": idx.backend, "model": meta.get("model"),
+                         "anchors": meta.get("anchors"), "tau": meta.get("tau"), "k": k})
+
+
+@cli.command(short_help="Neighbours under several geometries, as an HTML report.")
+@click.argument("collection", type=click.Path(exists=True))
+@_query_options
+@click.option("--anchors", "anchor_specs", multiple=True, metavar="PATH[:SETS]",
+              help="Anchors (repeatable: each spec is compared as its own context).")
+@click.option("--model", "models", multiple=True, metavar="NAME[,NAME...]",
+              help=f"Geometries to compare (repeatable or comma list) from {', '.join(MODEL_NAMES)}; "
+                   "default softmax,cosine.")
+@_model_options
+@click.option("-k", "k", type=click.IntRange(min=1), default=8, show_default=True, help="Neighbours per query.")
+@click.option("--encoder", default=None, metavar="SPEC", help=_ENCODER_HELP)
+@click.option("--label", "label_columns", multiple=True, metavar="COLUMN",
+              help="Metadata column whose shared values mark a neighbour as relevant (repeatable; "
+                   "default: 'label' when the collection has it).")
+@click.option("--include-self", is_flag=True, help="Keep a --query-id row in its own results.")
+@click.option("--asymmetric", is_flag=True, help="Rank by d(q‖g) instead of the symmetrized divergence.")
+@click.option("--title", default="Neighbours under each geometry", show_default=True, help="Report title.")
+@click.option("--png/--no-png", default=True, show_default=True, help="Also draw grid.png (needs matplotlib).")
+@click.option("--out", "out_dir", default="report", show_default=True, type=click.Path(file_okay=False),
+              help="Report folder.")
+@click.option("--device", default=None, help="Torch device for the encoder and the search.")
+def compare(collection, query_ids, query_texts, query_images, anchor_specs, models, tau, components, rank, seed, k,
+            encoder, label_columns, include_self, asymmetric, title, png, out_dir, device) -> None:
+    """Neighbours of queries under several geometries side by side, written as an HTML report.
+
+    Every anchor model (--model) is fitted to every --anchors spec; cosine appears once,
+    as it takes no anchors. Writes OUT/index.html (and OUT/grid.png) and prints the path
+    of the HTML page.
+
+    Example:
+
+    \b
+      anchordiv compare coll/ --query-text "a red car" --query-id 3 \\
+          --anchors anchors.yaml:object --anchors anchors.yaml:style \\
+          --model softmax,latent_gaussian,cosine -k 6 --out report/
+    """
+    import numpy as np
+
+    from . import report
+
+    rank = _parse_rank(rank)
+    names = _split_models(models, default="softmax,cosine")
+    _check_model_options(names, tau, components, rank, seed)
+    if any(m in ANCHOR_MODELS for m in names) and not anchor_specs:
+        raise click.UsageError(f"--model {','.join(m for m in names if m in ANCHOR_MODELS)} needs --anchors")
+    coll = _load_collection(collection)
+    enc = _collection_encoder(coll, encoder, device)
+    anchor_list = _resolve_anchor_options(anchor_specs, enc)
+    t = _default_tau(tau, coll, [a[2] for a in anchor_list], enc, names)
+    geometries: dict[str, Any] = {}
+    for name in names:
+        if name in ANCHOR_MODELS:
+            for spec, aset, _ in anchor_list:
+                key = name if len(anchor_list) == 1 else f"{name} · {spec}"
+                label = f"{name} · {spec} ({len(aset)} anchors)"
+                geom = _build_model(name, _anchors_to(aset, device), t, components, rank, seed)
+                geometries[key] = report.ReportGeometry(geom, label=label, anchors=aset)
+        else:
+            geometries[name] = report.ReportGeometry(_build_model(name, None, t, components, rank, seed),
+                                                     label=f"{name} (no anchors)")
+    queries = _gather_queries(coll, query_ids, query_texts, query_images, enc, coll.dim)
+    meta = coll.metadata
+    if label_columns:
+        if meta is None:
+            raise click.BadParameter("the collection has no metadata columns", param_hint="--label")
+        missing = [c for c in label_columns if c not in meta.columns]
+        if missing:
+            raise click.BadParameter(f"column {missing[0]!r} is not in the collection's metadata; "
+                                     f"columns: {', '.join(map(str, meta.columns))}", param_hint="--label")
+        label_cols = list(label_columns)
+    else:
+        label_cols = ["label"] if meta is not None and "label" in meta.columns else []
+    item_col = _item_column(coll)
+    items = meta[item_col].astype(str).tolist() if item_col is not None else None
+    query_items = [(items[r] if items is not None else None) if r is not None else lab
+                   for r, lab in zip(queries.rows, queries.labels)]
+    Q = np.stack(queries.vectors).astype(np.float32)
+    Qd, Gd = _as_device(device, Q, coll.embeddings)
+    info = {"collection": collection, "encoder": enc.name if enc else None,
+            "anchors": ", ".join(anchor_specs) or None,
+            "tau": t if any(m in TAU_MODELS for m in names) else None}
+    result = report.compare(
+        Qd, Gd, geometries, k=k, query_rows=queries.rows, exclude_self=not include_self,
+        labels={c: meta[c].to_numpy() for c in label_cols} or None, items=items, query_items=query_items,
+        query_titles=[f"row #{r}" if r is not None else f"{kind} query"
+                      for kind, r in zip(queries.kinds, queries.rows)],
+        kind=coll.kind or "text", symmetric=not asymmetric,
+        info={key: v for key, v in info.items() if v is not None},
+    )
+    paths = report.write_report(result, out_dir, title=title, png=png)
+    click.echo(os.fspath(paths))
+
+
+@cli.group(cls=_Group, context_settings=_CONTEXT)
+def index() -> None:
+    """Build and search saved indexes (exact, faiss or milvus backends).
+
+    Example:
+
+    \b
+      anchordiv index build coll/ --anchors anchors.yaml --model softmax \\
+          --backend faiss --index-type hnsw --out coll.index
+      anchordiv index search coll.index --query-text "a red car" -k 5
+    """
+
+
+@index.command("build")
+@click.argument("collection", type=click.Path(exists=True))
+@click.option("--anchors", "anchor_spec", default=None, metavar="PATH[:SETS]",
+              help="Anchors file, or PATH:NAME[:P][,NAME[:P]...] for a mixture of its sets.")
+@click.option("--model", "model_name", type=click.Choice(MODEL_NAMES), default="softmax", show_default=True,
+              help="Geometry.")
+@_model_options
+@click.option("--backend", type=click.Choice(["exact", "faiss", "milvus"]), default="exact", show_default=True,
+              help="Index backend.")
+@click.option("--index-type", default=None, help="faiss: flat, hnsw or ivf; milvus: FLAT, HNSW, IVF_FLAT, AUTOINDEX.")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="Further backend parameter, e.g. M=32, ef_search=128, nlist=256, uri=./gallery.db (repeatable).")
+@click.option("--asymmetric", is_flag=True, help="Rank by d(q‖g) instead of the symmetrized divergence.")
+@click.option("--encoder", default=None, metavar="SPEC", help=_ENCODER_HELP)
+@click.option("--device", default=None, help="Torch device for the encoder and the model.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Index file to write.")
+def index_build(collection, anchor_spec, model_name, tau, components, rank, seed, backend, index_type, params,
+                asymmetric, encoder, device, out_path) -> None:
+    """Fit a geometry and store a collection in a saved index.
+
+    The index keeps the fitted model and the collection's row numbers as ids; a small
+    OUT.anchordiv.json next to it records the collection, encoder and anchors for
+    'index search'. Milvus without --param uri=... uses a milvus-lite file OUT.milvus.db.
+
+    Example:
+
+    \b
+      anchordiv index build coll/ --anchors anchors.yaml:object:0.7,style:0.3 \\
+          --model softmax --backend faiss --index-type hnsw --out coll.index
+    """
+    from .index import Index
+
+    rank = _parse_rank(rank)
+    _check_model_options([model_name], tau, components, rank, seed)
+    coll = _load_collection(collection)
+    enc = _collection_encoder(coll, encoder, device)
+    if model_name in ANCHOR_MODELS and anchor_spec is None:
+        raise click.UsageError(f"--model {model_name} needs --anchors")
+    anchor_list = _resolve_anchor_options([anchor_spec], enc) if anchor_spec else []
+    t = _default_tau(tau, coll, [a[2] for a in anchor_list], enc, [model_name])
+    model = _build_model(model_name, _anchors_to(anchor_list[0][1] if anchor_list else None, device), t,
+                         components, rank, seed)
+    kwargs = _parse_params(params)
+    if index_type is not None:
+        if backend == "exact":
+            raise click.UsageError("--index-type applies to the faiss and milvus backends")
+        kwargs["index_type"] = index_type.upper() if backend == "milvus" else index_type.lower()
+    if backend == "milvus" and "uri" not in kwargs:
+        kwargs["uri"] = os.fspath(out_path) + ".milvus.db"
+    import numpy as np
+
+    idx = Index(model, backend=backend, symmetric=not asymmetric, **kwargs)
+    (G,) = _as_device(device, coll.embeddings)
+    idx.add(G, ids=np.arange(len(coll), dtype=np.int64))
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    idx.save(out_path)
+    meta = {"collection": os.path.abspath(collection), "encoder": enc.name if enc else None,
+            "model": model_name, "anchors": anchor_spec, "tau": t if model_name in TAU_MODELS else None,
+            "backend": backend, "n": len(idx)}
+    with open(_index_meta_path(out_path), "w", encoding="utf-8") as fh:
+        json.dump(meta, fh, indent=2)
+    click.echo(f"Indexed {len(idx)} vectors of {collection} under {model_name} ({backend}) into {out_path}")
+
+
+@index.command("search")
+@click.argument("index_path", metavar="INDEX", type=click.Path(exists=True, dir_okay=False))
+@_query_options
+@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Neighbours per query.")
+@click.option("--collection", default=None, type=click.Path(exists=True),
+              help="Collection for metadata and --query-id (default: the one the index was built from).")
+@click.option("--encoder", default=None, metavar="SPEC", help="Encoder for text/image queries (default: the index's).")
+@click.option("--include-self", is_flag=True, help="Keep a --query-id row in its own results.")
+@click.option("--device", default=None, help="Torch device for the encoder and the search.")
+@_FORMAT_OPTION
+def index_search(index_path, query_ids, query_texts, query_images, k, collection, encoder, include_self, device,
+                 fmt) -> None:
+    """Search a saved index.
+
+    Example:
+
+    \b
+      anchordiv index search coll.index --query-text "a red car" -k 5
+      anchordiv index search coll.index --query-id 12 --format csv
+    """
+    coll = _load_collection(collection) if collection else None
+    _search_index(index_path, coll, query_ids, query_texts, query_images, k, encoder, include_self, device, fmt)
+
+
+@cli.command(short_help="Run the scene demo (AUPRC table and report).")
+@click.option("--out", "out_dir", default="demo-report", show_default=True, type=click.Path(file_okay=False),
+              help="Report folder.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the collection and the query choice.")
+@click.option("--n", "n", type=click.IntRange(min=2), default=360, show_default=True,
+              help="Scene descriptions in the demo collection (smaller is faster).")
+@click.option("-k", "k", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Neighbours shown per query in the report.")
+@click.option("--queries", "n_queries", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Queries shown in the report.")
+@click.option("--encoder", default="minilm", show_default=True, metavar="SPEC", help="Encoder spec.")
+@click.option("--device", default=None, help="Torch device of the encoder.")
+def demo(out_dir: str, seed: int, n: int, k: int, n_queries: int, encoder: str, device: str | None) -> None:
+    """Run the scene demo: mean AUPRC of every geometry on every factor, and a neighbour report.
+
+    Generates N scene descriptions varying a dog breed, a place and a piece of clothing,
+    embeds them, fits cosine, image-text inversion, softmax and Gaussian geometries for
+    anchor sets naming each factor, prints the AUPRC table and writes OUT/index.html,
+    OUT/grid.png and OUT/auprc.{md,csv}.
+
+    Example:
+
+    \b
+      anchordiv demo --out demo-report/ --seed 0
+      anchordiv demo --n 60 -k 4 --out /tmp/quick-demo/
+    """
+    from . import demo as demo_module
+
+    if k >= n:
+        raise click.BadParameter(f"{k} must be below --n {n} (a query's own text is excluded)", param_hint="-k")
+    result = demo_module.run_demo(out_dir=out_dir, encoder=LazyEncoder(encoder, device), seed=seed, n=n, k=k,
+                                  n_queries=n_queries, echo=None)
+    click.echo(f"Mean AUPRC on {n} scene descriptions (encoder {encoder}; relevance = same factor value):")
+    click.echo(demo_module.format_table(result.auprc))
+    click.echo(f"report: {result.report_path}")
+    tables = getattr(result, "table_paths", None) or {}
+    if tables:
+        click.echo("tables: " + ", ".join(str(p) for p in tables.values()))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``anchordiv`` console script.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Arguments (default: ``sys.argv[1:]``).
+    """
+    cli.main(args=list(argv) if argv is not None else None, prog_name="anchordiv")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

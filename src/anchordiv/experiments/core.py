@@ -1,0 +1,708 @@
+"""The shared core of the experiment protocols: data, geometries, scoring and output files.
+
+Every protocol in :mod:`anchordiv.experiments` does the same four things:
+
+1. take an evaluation collection (:class:`EvalData`: embeddings, one label array per
+   semantic factor, and which rows are queries and which are keys);
+2. build geometries by registry name from anchor sets (:func:`build_geometry`);
+3. score each fitted geometry by per-query average precision on one or more factors
+   (:func:`score`), relevance being "same value of the factor";
+4. aggregate the per-query values over random draws into means with bootstrap
+   intervals (:func:`summarize`) and write CSV, Markdown and PNG files
+   (:func:`write_outputs`).
+
+AUPRC is the mean over queries of the average precision (Kannan, Park, Veitch 2026,
+§5.1 and App. E.4), computed by :func:`anchordiv.metrics.mean_average_precision`. A
+query is never its own key: when the queries are the keys (the ImageNet-R setting of
+App. E.1) this is ``exclude_self=True``; with a query/key split of one collection the
+pair (i, i) is removed wherever it occurs. Queries without any relevant key are skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import numbers
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..anchors import AnchorSet
+from ..metrics import bootstrap_ci, mean_average_precision, paired_difference
+
+__all__ = [
+    "EvalData",
+    "ProtocolResult",
+    "ANCHOR_MODELS",
+    "BASELINES",
+    "PARAMETRIC",
+    "POSTERIOR_MODELS",
+    "build_geometry",
+    "check_models",
+    "score",
+    "summarize",
+    "paired_effect",
+    "write_outputs",
+    "markdown_table",
+]
+
+#: Anchor-distribution models by registry name (they take a temperature).
+ANCHOR_MODELS = ("softmax", "gaussian", "gmm", "latent_gaussian", "latent_spherical")
+#: Parametric anchor models (paper §3).
+PARAMETRIC = ("gaussian", "gmm", "latent_gaussian", "latent_spherical")
+#: Models with a posterior update ``fit(target, prior=broad)`` (paper §4, App. D).
+POSTERIOR_MODELS = PARAMETRIC
+#: Reference geometries (paper §5.1): cosine (no anchors) and image-text inversion.
+BASELINES = ("cosine", "iti")
+#: Every registry name.
+ALL_MODELS = ANCHOR_MODELS + BASELINES
+
+#: Default number of GMM components when ``model_params`` gives none.
+DEFAULT_GMM_COMPONENTS = 4
+
+#: Elements of one block of query-key distances.
+CHUNK_ELEMENTS = 1 << 22
+
+
+# --------------------------------------------------------------------------- data
+def _as_index(value: Any, n: int, name: str) -> np.ndarray:
+    """Row indices from None (all rows), a boolean mask or integer indices."""
+    if value is None:
+        return np.arange(n)
+    arr = np.asarray(value)
+    if arr.dtype == bool:
+        if arr.shape != (n,):
+            raise ValueError(f"{name} is a boolean mask of shape {arr.shape}; it needs one entry per row ({n}).")
+        idx = np.flatnonzero(arr)
+    else:
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"{name} must be a boolean mask or a 1-D array of row indices.")
+        idx = arr.astype(np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise ValueError(f"{name} holds row indices outside [0, {n}).")
+        if np.unique(idx).size != idx.size:
+            raise ValueError(f"{name} holds repeated row indices.")
+    if idx.size == 0:
+        raise ValueError(f"{name} selects no rows.")
+    return idx
+
+
+@dataclass
+class EvalData:
+    """An evaluation collection: embeddings, semantic labels, queries and keys.
+
+    Build it with :meth:`create` (checks every input) or :meth:`from_collection`.
+
+    Attributes
+    ----------
+    embeddings : numpy.ndarray, shape (n, d)
+        Item embeddings (float64).
+    labels : dict of str to numpy.ndarray
+        One 1-D array of n labels per semantic factor (class names, ids, 0/1 flags).
+        Relevance on a factor is "same label".
+    queries, keys : numpy.ndarray of int
+        Rows used as queries and as keys. They may be the same rows (every item a query
+        against all others), disjoint (a query/key split) or overlap; the pair (i, i)
+        never counts.
+    tau : float or None
+        Temperature of the encoder, used when a protocol is given none.
+    name : str
+        Shown in the output files.
+    """
+
+    embeddings: np.ndarray
+    labels: dict
+    queries: np.ndarray
+    keys: np.ndarray
+    tau: float | None = None
+    name: str = "collection"
+
+    @classmethod
+    def create(cls, embeddings: Any, labels: Any, queries: Any = None, keys: Any = None,
+               tau: float | None = None, name: str = "collection") -> "EvalData":
+        """Check and assemble an evaluation collection.
+
+        Parameters
+        ----------
+        embeddings : array-like, shape (n, d)
+            Item embeddings (numpy or torch).
+        labels : mapping of str to array-like, or pandas.DataFrame
+            One label array of length n per factor (a DataFrame: one per column).
+        queries, keys : array-like, optional
+            Boolean masks or row indices; all rows by default.
+        tau : float, optional
+            Temperature of the encoder.
+        name : str, optional
+            Name of the collection.
+
+        Returns
+        -------
+        EvalData
+
+        Raises
+        ------
+        ValueError
+            For non-2-D, empty or non-finite embeddings, no labels, a label array whose
+            length differs from the number of rows or that is not 1-D, bad query/key
+            selections, fewer than 2 keys, or a bad ``tau``.
+        """
+        if hasattr(embeddings, "detach"):
+            embeddings = embeddings.detach().cpu().numpy()
+        X = np.asarray(embeddings, dtype=np.float64)
+        if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
+            raise ValueError(f"embeddings must be a non-empty (n, d) array, got shape {X.shape}.")
+        if not np.isfinite(X).all():
+            raise ValueError("embeddings contain NaN or inf.")
+        n = X.shape[0]
+        if hasattr(labels, "columns") and hasattr(labels, "__getitem__") and not isinstance(labels, Mapping):
+            labels = {str(c): labels[c].to_numpy() for c in labels.columns}
+        if not isinstance(labels, Mapping) or not labels:
+            raise ValueError("labels must be a non-empty mapping of factor name to one label per row.")
+        out = {}
+        for key, value in labels.items():
+            if hasattr(value, "detach"):
+                value = value.detach().cpu().numpy()
+            arr = np.asarray(value)
+            if arr.ndim != 1:
+                raise ValueError(f"labels {key!r} must be 1-D (one label per row), got shape {arr.shape}.")
+            if arr.shape[0] != n:
+                raise ValueError(
+                    f"labels {key!r} has {arr.shape[0]} entries but embeddings has {n} rows; "
+                    "give one label per row, in the same order."
+                )
+            out[str(key)] = arr
+        q = _as_index(queries, n, "queries")
+        k = _as_index(keys, n, "keys")
+        if k.size < 2:
+            raise ValueError("at least 2 keys are needed for retrieval.")
+        if tau is not None:
+            tau = float(tau)
+            if not math.isfinite(tau) or tau <= 0:
+                raise ValueError(f"tau must be a finite number > 0, got {tau!r}.")
+        return cls(X, out, q, k, tau, str(name))
+
+    @classmethod
+    def from_collection(cls, collection: Any, factors: Sequence[str] | None = None,
+                        split_column: str | None = None, name: str | None = None) -> "EvalData":
+        """An evaluation collection from an :class:`anchordiv.io.Collection`.
+
+        Parameters
+        ----------
+        collection : anchordiv.io.Collection
+            Embeddings with a metadata table.
+        factors : sequence of str, optional
+            Metadata columns to use as factors (default: every column except ``caption``,
+            ``text``, ``image_path``, ``id`` and ``split_column``).
+        split_column : str, optional
+            A metadata column whose value ``"query"`` marks queries and ``"key"`` keys
+            (``"both"`` marks a row that is both). Without it every row is both.
+        name : str, optional
+            Name of the collection (default: its path).
+
+        Returns
+        -------
+        EvalData
+        """
+        meta = getattr(collection, "metadata", None)
+        if meta is None:
+            raise ValueError("the collection has no metadata, so no labels; add label columns to it.")
+        skip = {"caption", "text", "image_path", "id", split_column}
+        cols = list(factors) if factors else [c for c in meta.columns if c not in skip]
+        missing = [c for c in cols if c not in meta.columns]
+        if missing:
+            raise ValueError(f"the collection has no column(s) {missing}; it has {list(meta.columns)}.")
+        if not cols:
+            raise ValueError("the collection has no label columns.")
+        queries = keys = None
+        if split_column is not None:
+            if split_column not in meta.columns:
+                raise ValueError(f"split column {split_column!r} is not in the collection ({list(meta.columns)}).")
+            split = meta[split_column].astype(str).to_numpy()
+            queries = np.isin(split, ["query", "both"])
+            keys = np.isin(split, ["key", "both"])
+        return cls.create(collection.embeddings, {c: meta[c].to_numpy() for c in cols}, queries, keys,
+                          tau=getattr(collection, "tau", None),
+                          name=name or str(getattr(collection, "path", None) or "collection"))
+
+    def __len__(self) -> int:
+        return int(self.embeddings.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """Embedding dimension d."""
+        return int(self.embeddings.shape[1])
+
+    @property
+    def queries_are_keys(self) -> bool:
+        """Whether queries and keys are the same rows in the same order (exclude-self retrieval)."""
+        return self.queries.shape == self.keys.shape and bool(np.array_equal(self.queries, self.keys))
+
+    def check_factor(self, factor: str) -> str:
+        """``factor`` if it is a label of this collection, else a ``ValueError`` naming the choices."""
+        if factor not in self.labels:
+            raise ValueError(f"unknown factor {factor!r}; this collection has {sorted(self.labels)}.")
+        return factor
+
+    def subsample_queries(self, n: int, seed: int = 0) -> "EvalData":
+        """A copy with at most ``n`` queries drawn uniformly without replacement (seeded)."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}.")
+        if n >= self.queries.size:
+            return self
+        pick = np.sort(np.random.default_rng(seed).choice(self.queries.size, size=int(n), replace=False))
+        return EvalData(self.embeddings, self.labels, self.queries[pick], self.keys, self.tau, self.name)
+
+    def describe(self) -> str:
+        """One line: rows, dimension, queries, keys and factors."""
+        mode = "queries = keys, self excluded" if self.queries_are_keys else "query/key split"
+        return (f"{self.name}: {len(self)} items, d = {self.dim}, {self.queries.size} queries, "
+                f"{self.keys.size} keys ({mode}); factors: "
+                + ", ".join(f"{f} ({np.unique(v).size} values)" for f, v in self.labels.items()))
+
+
+def check_anchor_set(anchors: Any, data: EvalData, name: str) -> AnchorSet:
+    """``anchors`` as a non-empty :class:`AnchorSet` of the data's dimension."""
+    if anchors is None:
+        raise ValueError(f"{name} is missing; pass an AnchorSet.")
+    if not isinstance(anchors, AnchorSet):
+        arr = np.asarray(anchors.detach().cpu() if hasattr(anchors, "detach") else anchors)
+        if arr.ndim != 2 or arr.shape[0] == 0:
+            raise ValueError(f"{name} is empty; an anchor set needs at least one anchor (shape {arr.shape}).")
+        anchors = AnchorSet(arr)
+    if len(anchors) == 0:
+        raise ValueError(f"{name} is empty; an anchor set needs at least one anchor.")
+    if anchors.dim != data.dim:
+        raise ValueError(f"{name} has dimension {anchors.dim} but the embeddings have {data.dim}; use one encoder.")
+    return anchors
+
+
+# --------------------------------------------------------------------- geometries
+def check_models(models: Iterable[str], allowed: Sequence[str] = ALL_MODELS, what: str = "model") -> list[str]:
+    """Model names, checked against ``allowed``; duplicates dropped, order kept."""
+    if isinstance(models, str):
+        models = [models]
+    out: list[str] = []
+    for m in models:
+        if m not in allowed:
+            raise ValueError(f"unknown {what} {m!r}; choose from {', '.join(allowed)}.")
+        if m not in out:
+            out.append(m)
+    return out
+
+
+def resolve_tau(tau: float | None, data: EvalData, models: Iterable[str]) -> float | None:
+    """The temperature: ``tau``, else the collection's; an error if an anchor model needs one."""
+    if tau is None:
+        tau = data.tau
+    if tau is None:
+        if any(m in ANCHOR_MODELS for m in models):
+            raise ValueError("the anchor models need a temperature: pass tau= (e.g. the encoder's .tau).")
+        return None
+    tau = float(tau)
+    if not math.isfinite(tau) or tau <= 0:
+        raise ValueError(f"tau must be a finite number > 0, got {tau!r}.")
+    return tau
+
+
+def build_geometry(name: str, tau: float | None, n_anchors: int, dim: int,
+                   model_params: Mapping[str, Mapping[str, Any]] | None = None, seed: int = 0,
+                   clip: bool = True) -> Any:
+    """An unfitted geometry from its registry name, with per-model parameters.
+
+    Parameters
+    ----------
+    name : str
+        Registry name (see :func:`anchordiv.make_model`).
+    tau : float or None
+        Temperature of the anchor models.
+    n_anchors : int
+        Number of anchors it will be fitted on.
+    dim : int
+        Embedding dimension.
+    model_params : mapping, optional
+        ``{name: {param: value}}``, e.g. ``{"gmm": {"n_components": 8}}``.
+    seed : int, optional
+        Seed of the GMM's k-means++ initialisation (unless ``model_params`` sets one).
+    clip : bool, optional
+        Fit what the anchors allow: a GMM gets at most ``n_anchors`` components and an
+        integer latent rank at most ``min(n_anchors - 1, dim)`` (a covariance of n
+        anchors has rank at most n - 1). When False the parameters are used as given.
+
+    Returns
+    -------
+    Geometry
+        Not fitted.
+    """
+    from ..models import make_model
+
+    params = dict((model_params or {}).get(name, {}))
+    if name in ANCHOR_MODELS and "tau" not in params and "logit_scale" not in params:
+        params["tau"] = tau
+    if name == "gmm":
+        params.setdefault("n_components", DEFAULT_GMM_COMPONENTS)
+        params.setdefault("seed", int(seed))
+        if clip:
+            params["n_components"] = max(1, min(int(params["n_components"]), int(n_anchors)))
+    if name.startswith("latent_") and clip:
+        rank = params.get("rank", 0.95)
+        if isinstance(rank, numbers.Integral) and not isinstance(rank, bool):
+            params["rank"] = max(1, min(int(rank), int(n_anchors) - 1, int(dim)))
+    return make_model(name, **params)
+
+
+def min_anchors(name: str) -> int:
+    """Fewest anchors a geometry of this name can be fitted on."""
+    from ..models import registry
+
+    return int(getattr(registry()[name], "min_anchors", 1))
+
+
+# ------------------------------------------------------------------------- scoring
+def _distances(geometry: Any, Q: np.ndarray, K: np.ndarray, key_terms: Any | None) -> tuple[np.ndarray, Any]:
+    """Distances of a block of queries to all keys, reusing the key feature map."""
+    if key_terms is None:
+        key_terms = np.asarray(geometry.key_features(K), dtype=np.float64)
+    off = np.asarray(geometry.query_offsets(Q), dtype=np.float64)
+    phi = np.asarray(geometry.query_features(Q), dtype=np.float64)
+    return off[:, None] - phi @ key_terms.T, key_terms
+
+
+def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.ndarray | None = None,
+          chunk_elements: int = CHUNK_ELEMENTS) -> dict[str, np.ndarray]:
+    """Per-query average precision of a fitted geometry on each factor.
+
+    Parameters
+    ----------
+    geometry : Geometry
+        A fitted geometry (lower is closer); keys are ranked by its symmetrized
+        divergence (paper §5.1).
+    data : EvalData
+        The collection.
+    factors : sequence of str
+        Factors to score; relevance on a factor is "same label".
+    queries : numpy.ndarray, optional
+        Row indices of the queries (default: ``data.queries``).
+    chunk_elements : int, optional
+        Query-key distances held at once.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        For each factor, one AP per query (NaN for a query without a relevant key).
+
+    Notes
+    -----
+    When the queries are the keys, this equals
+    ``mean_average_precision(D, R, exclude_self=True).per_query``; otherwise the pair
+    (i, i) is dropped by giving it an infinite distance and no relevance, which leaves
+    every AP unchanged (an irrelevant item ranked after every relevant one adds nothing).
+    """
+    factors = [data.check_factor(f) for f in factors]
+    q_idx = data.queries if queries is None else np.asarray(queries)
+    k_idx = data.keys
+    X = data.embeddings
+    K = X[k_idx]
+    out = {f: np.empty(q_idx.size) for f in factors}
+    square = q_idx.shape == k_idx.shape and bool(np.array_equal(q_idx, k_idx))
+    step = q_idx.size if square and q_idx.size * k_idx.size <= chunk_elements else \
+        max(1, chunk_elements // max(1, k_idx.size))
+    key_terms = None
+    key_pos = {int(r): j for j, r in enumerate(k_idx)}
+    for start in range(0, q_idx.size, step):
+        rows = q_idx[start:start + step]
+        D, key_terms = _distances(geometry, X[rows], K, key_terms)
+        self_cols = np.array([key_pos.get(int(r), -1) for r in rows])
+        has_self = self_cols >= 0
+        whole = square and rows.size == q_idx.size
+        if not whole and has_self.any():
+            D[np.flatnonzero(has_self), self_cols[has_self]] = np.inf
+        for f in factors:
+            lab = data.labels[f]
+            rel = lab[rows][:, None] == lab[k_idx][None, :]
+            if whole:
+                out[f][start:start + step] = mean_average_precision(D, rel, exclude_self=True).per_query
+            else:
+                if has_self.any():
+                    rel[np.flatnonzero(has_self), self_cols[has_self]] = False
+                out[f][start:start + step] = mean_average_precision(D, rel).per_query
+    return out
+
+
+# ---------------------------------------------------------------------- aggregation
+def _ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float, int]:
+    """(mean, low, high, queries used) of a (draws, Q) matrix of per-query values."""
+    if np.isnan(values).all():
+        return float("nan"), float("nan"), float("nan"), 0
+    ci = bootstrap_ci(values, n_boot=n_boot, seed=seed)
+    return ci.mean, ci.low, ci.high, ci.n
+
+
+def summarize(groups: Mapping[tuple, Sequence[np.ndarray]], keys: Sequence[str], n_boot: int = 1000,
+              seed: int = 0) -> list[dict]:
+    """Mean AUPRC with a 95 % bootstrap interval for each group of draws.
+
+    Parameters
+    ----------
+    groups : mapping of tuple to list of numpy.ndarray
+        For each group (a tuple of values named by ``keys``), the per-query AP arrays of
+        its draws, all over the same queries.
+    keys : sequence of str
+        Names of the tuple entries.
+    n_boot : int, optional
+        Bootstrap replicates; draws and queries are both resampled
+        (:func:`anchordiv.metrics.bootstrap_ci`).
+    seed : int, optional
+        Bootstrap seed.
+
+    Returns
+    -------
+    list of dict
+        One row per group: the key values, ``auprc``, ``ci_low``, ``ci_high``,
+        ``n_draws`` and ``n_queries``.
+    """
+    rows = []
+    for group, draws in groups.items():
+        mat = np.vstack([np.asarray(d, dtype=np.float64) for d in draws])
+        mean, low, high, n_q = _ci(mat, n_boot, seed)
+        rows.append({**dict(zip(keys, group)), "auprc": mean, "ci_low": low, "ci_high": high,
+                     "n_draws": mat.shape[0], "n_queries": n_q})
+    return rows
+
+
+def paired_effect(a: Sequence[np.ndarray], b: Sequence[np.ndarray], n_boot: int = 1000, seed: int = 0) -> dict:
+    """Mean of ``a − b`` over draws and queries with a bootstrap interval (paired by query and draw).
+
+    ``a`` and ``b`` are lists of per-query arrays of the same draws; a single-draw side
+    (a geometry without random draws) is compared with every draw of the other.
+    """
+    A = np.vstack([np.asarray(x, dtype=np.float64) for x in a])
+    B = np.vstack([np.asarray(x, dtype=np.float64) for x in b])
+    if A.shape[0] != B.shape[0] and 1 not in (A.shape[0], B.shape[0]):
+        raise ValueError(f"cannot pair {A.shape[0]} draws with {B.shape[0]} draws.")
+    A = A[0] if A.shape[0] == 1 else A
+    B = B[0] if B.shape[0] == 1 else B
+    if np.isnan(A - B).all():
+        return {"diff": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
+    ci = paired_difference(A, B, n_boot=n_boot, seed=seed)
+    return {"diff": ci.mean, "ci_low": ci.low, "ci_high": ci.high}
+
+
+# -------------------------------------------------------------------------- output
+@dataclass
+class ProtocolResult:
+    """What a protocol computed and wrote.
+
+    Attributes
+    ----------
+    protocol : str
+        The protocol's name.
+    rows : list of dict
+        Raw results, one row per condition and random draw (``<protocol>.csv``).
+    summary : list of dict
+        Means with 95 % intervals (``<protocol>_summary.csv``, ``<protocol>.md``).
+    effects : list of dict
+        The paired differences that test the paper's claim (``<protocol>_effects.csv``).
+    config : dict
+        Parameters, sizes, timings (``<protocol>.json``).
+    paths : dict of str to pathlib.Path
+        The files written (empty without ``out_dir``).
+    seconds : float
+        Wall time.
+    """
+
+    protocol: str
+    rows: list
+    summary: list
+    effects: list
+    config: dict
+    paths: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def frame(self, which: str = "summary") -> Any:
+        """``rows``, ``summary`` or ``effects`` as a pandas DataFrame."""
+        import pandas as pd
+
+        if which not in ("rows", "summary", "effects"):
+            raise ValueError(f"which must be 'rows', 'summary' or 'effects', got {which!r}.")
+        return pd.DataFrame(getattr(self, which))
+
+
+def _fmt(v: Any, digits: int = 4) -> str:
+    if isinstance(v, (float, np.floating)):
+        return "" if math.isnan(v) else f"{float(v):.{digits}f}"
+    if isinstance(v, (np.integer,)):
+        return str(int(v))
+    return str(v)
+
+
+def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> Path:
+    """Write rows of dicts as CSV (floats with 6 decimals); returns the path."""
+    if columns is None:
+        columns = []
+        for r in rows:
+            columns += [c for c in r if c not in columns]
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(columns)
+        for r in rows:
+            w.writerow([_fmt(r.get(c, ""), 6) for c in columns])
+    return path
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub Markdown table."""
+    lines = ["| " + " | ".join(str(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_fmt(c, 3) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt_ci(mean: float, low: float, high: float, digits: int = 3, signed: bool = False) -> str:
+    """``0.512 [0.498, 0.527]`` (or with signs for differences)."""
+    if mean is None or math.isnan(mean):
+        return "—"
+    s = "+" if signed else ""
+    return f"{mean:{s}.{digits}f} [{low:{s}.{digits}f}, {high:{s}.{digits}f}]"
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def write_outputs(result: ProtocolResult, out_dir: str | os.PathLike | None, markdown: str,
+                  plot: Callable[[Any], None] | None, columns: Mapping[str, Sequence[str]] | None = None
+                  ) -> ProtocolResult:
+    """Write ``<protocol>.csv``, ``_summary.csv``, ``_effects.csv``, ``.md``, ``.png`` and ``.json``.
+
+    Parameters
+    ----------
+    result : ProtocolResult
+        Rows, summary, effects and config; ``paths`` is filled in.
+    out_dir : path or None
+        Output folder (created); nothing is written when None.
+    markdown : str
+        The Markdown report.
+    plot : callable or None
+        Draws the figure on a matplotlib ``Figure`` it receives.
+    columns : mapping, optional
+        Column order for ``rows``, ``summary`` and ``effects``.
+
+    Returns
+    -------
+    ProtocolResult
+    """
+    if out_dir is None:
+        return result
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name = result.protocol
+    columns = columns or {}
+    paths = {
+        "csv": write_csv(out / f"{name}.csv", result.rows, columns.get("rows")),
+        "summary_csv": write_csv(out / f"{name}_summary.csv", result.summary, columns.get("summary")),
+        "effects_csv": write_csv(out / f"{name}_effects.csv", result.effects, columns.get("effects")),
+    }
+    md_path = out / f"{name}.md"
+    md_path.write_text(markdown.rstrip() + "\n", encoding="utf-8")
+    paths["md"] = md_path
+    if plot is not None:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        fig = plt.figure(figsize=(7.5, 4.8), dpi=110)
+        try:
+            plot(fig)
+            fig.tight_layout()
+            fig.savefig(out / f"{name}.png")
+        finally:
+            plt.close(fig)
+        paths["png"] = out / f"{name}.png"
+    cfg_path = out / f"{name}.json"
+    cfg_path.write_text(json.dumps(_jsonable(result.config), indent=2) + "\n", encoding="utf-8")
+    paths["json"] = cfg_path
+    result.paths = paths
+    return result
+
+
+# --------------------------------------------------------------------------- misc
+def progress_bar(total: int, desc: str, progress: bool | None):
+    """A tqdm bar (shown on a terminal when ``progress`` is None)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=(None if progress is None else not progress), leave=False)
+
+
+def check_seed(seed: Any) -> int:
+    """``seed`` as a non-negative int."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
+    return int(seed)
+
+
+def check_positive_int(value: Any, name: str) -> int:
+    """``value`` as a positive int, else a ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    return int(value)
+
+
+def draw_seed(seed: int, *parts: int) -> int:
+    """A deterministic derived seed for draw ``parts`` of a run seeded by ``seed``."""
+    return int(np.random.SeedSequence([int(seed), *map(int, parts)]).generate_state(1)[0])
+
+
+def subsample(anchors: AnchorSet, fraction_or_n: float | int | None, seed: int) -> AnchorSet:
+    """A random subset: a fraction in (0, 1], or a count; None or 1.0 keeps every anchor."""
+    if fraction_or_n is None:
+        return anchors
+    if isinstance(fraction_or_n, numbers.Integral) and not isinstance(fraction_or_n, bool):
+        n = int(fraction_or_n)
+    else:
+        f = float(fraction_or_n)
+        if not 0 < f <= 1:
+            raise ValueError(f"anchor_fraction must be in (0, 1], got {fraction_or_n!r}.")
+        if f == 1.0:
+            return anchors
+        n = max(1, int(round(f * len(anchors))))
+    n = min(n, len(anchors))
+    return anchors.subsample(n, seed=seed)
+
+
+class Timer:
+    """Wall time since creation, in seconds."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def environment() -> dict:
+    """Versions of the packages that shape the numbers."""
+    import platform
+
+    import torch
+
+    from .. import __version__
+
+    return {"anchordiv": __version__, "numpy": np.__version__, "torch": torch.__version__,
+            "python": platform.python_version(), "torch_threads": torch.get_num_threads()}

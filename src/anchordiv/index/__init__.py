@@ -1,0 +1,56 @@
+"""Persistent, searchable galleries for anchor divergences: :class:`Index`.
+
+Backends: ``"exact"`` (torch, exhaustive), ``"faiss"`` (faiss-cpu: flat, HNSW, IVF) and
+``"milvus"`` (an embedded milvus-lite file or a Milvus server/cluster). The approximate
+backends re-rank a shortlist exactly, so every backend returns divergences in the units
+of ``model.search``.
+
+Pointing an index at a Milvus cluster
+-------------------------------------
+The same code serves an embedded milvus-lite file and a Milvus server or cluster; only
+the connection parameters change::
+
+    import anchordiv as ad
+
+    model = ad.Softmax(tau=0.01).fit(anchor_embeddings)
+
+    # embedded, one local file (pip install pymilvus milvus-lite)
+    index = ad.Index(model, backend="milvus", uri="./gallery.db", collection_name="gallery")
+
+    # a Milvus server / cluster (pip install pymilvus)
+    index = ad.Index(
+        model, backend="milvus",
+        uri="http://milvus.example.internal:19530",   # or https://... for TLS / Zilliz Cloud
+        token="user:password",                         # or an API key; omit if auth is off
+        db_name="default",                             # optional Milvus database
+        collection_name="gallery_softmax_tau001",
+        index_type="HNSW", M=32, ef_construction=200, ef_search=256,
+    )
+    index.add(gallery_embeddings, ids=gallery_ids)     # batches of any size, repeatedly
+    distances, ids = index.search(query_embeddings, k=10)
+    index.save("gallery.index")                        # model, ids and uri/collection only
+
+    # later, in another process; the token is never written to the file:
+    index = ad.Index.load("gallery.index", token="user:password")
+
+The collection is created by the first ``add`` with two fields, ``id`` (INT64 primary
+key: the ids given to ``add``) and ``vec`` (FLOAT_VECTOR): the embedding z with metric
+L2 for Euclidean models (Gaussian, latent), the augmented key [ψ, √(M² − ‖ψ‖²)] with
+metric COSINE (all keys have norm M, so this is the L2 order) for the others. Creating an
+index for a collection name that already exists raises an error unless
+``overwrite=True`` (which drops it); reopen an existing collection with
+:meth:`anchordiv.Index.load`. Every collection holds one model's key features: index
+each model (and each ``symmetric`` setting) in its own collection.
+
+``index_type`` is ``"FLAT"`` (exhaustive), ``"HNSW"``, ``"IVF_FLAT"`` or ``"AUTOINDEX"``
+(the server's choice). The candidates Milvus returns are re-ranked exactly, so the
+distances are exact divergences of the stored (float32) features. milvus-lite 3.x
+serves FLAT, HNSW and IVF_FLAT (HNSW and IVF_FLAT through faiss-cpu, which it then
+needs installed); the older milvus-lite 2.x releases serve FLAT (and IVF_FLAT from
+2.4.11) only. A milvus-lite file is opened by one process at a time; several processes
+or machines share one gallery through a Milvus server.
+"""
+
+from ._index import BACKENDS, Index
+
+__all__ = ["Index", "BACKENDS"]

@@ -1,0 +1,165 @@
+"""Pieces shared by the index backends: parameter checks, shortlist sizes and exact re-ranking."""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import torch
+
+from ..search import DEFAULT_MEMORY_BUDGET, _sorted_topk
+
+
+def positive_int(value: Any, name: str, allow_none: bool = False) -> int | None:
+    """``value`` as an int ≥ 1, or a ``ValueError`` naming ``name``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    return int(value)
+
+
+def margin_value(value: Any) -> float:
+    """``norm_margin`` as a float ≥ 1."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"norm_margin must be a number >= 1, got {value!r}.") from None
+    if not np.isfinite(v) or v < 1:
+        raise ValueError(f"norm_margin must be a finite number >= 1, got {value!r}.")
+    return v
+
+
+class Backend:
+    """Base class of the storage backends of :class:`anchordiv.Index`.
+
+    A backend stores key features ψ (row ``i`` belongs to the ``i``-th added vector) and
+    answers top-k queries with positions; the owning :class:`~anchordiv.Index` maps
+    positions to ids and handles validation and array kinds.
+
+    Subclasses declare ``DEFAULTS`` (every accepted parameter with its default),
+    ``CHECKS`` (parameter → validator) and ``RUNTIME`` (parameters that may be changed
+    when an index is loaded).
+    """
+
+    name: ClassVar[str] = ""
+    DEFAULTS: ClassVar[dict] = {}
+    CHECKS: ClassVar[dict[str, Callable[[Any], Any]]] = {}
+    RUNTIME: ClassVar[frozenset] = frozenset()
+    #: Parameters kept out of saved files (credentials).
+    SECRET: ClassVar[frozenset] = frozenset()
+
+    def __init__(self, params: dict, euclidean: bool):
+        self.params = self.check_params(params)
+        self.euclidean = euclidean
+
+    @classmethod
+    def check_params(cls, params: dict) -> dict:
+        unknown = sorted(set(params) - set(cls.DEFAULTS))
+        if unknown:
+            raise ValueError(
+                f"Unknown parameter(s) for backend {cls.name!r}: {', '.join(unknown)}; "
+                f"valid parameters are {', '.join(sorted(cls.DEFAULTS))}."
+            )
+        out = {**cls.DEFAULTS, **params}
+        for key, check in cls.CHECKS.items():
+            out[key] = check(out[key])
+        return out
+
+    # ---------------------------------------------------------- to override
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
+        """Store key features ``psi`` for ``ids`` (``stored_ids`` are those already stored)."""
+        raise NotImplementedError
+
+    def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
+               positions_of: Callable[[np.ndarray], np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k ``(distances, positions)`` among the ``n`` stored keys; position −1 is a miss.
+
+        ``positions_of`` maps ids to positions (for backends that store ids).
+        """
+        raise NotImplementedError
+
+    def state(self, n: int) -> dict:
+        """Plain data (tensors, numbers, strings) that :meth:`restore` turns back into this backend."""
+        raise NotImplementedError
+
+    @classmethod
+    def restore(cls, params: dict, euclidean: bool, state: dict, n: int, source: str) -> "Backend":
+        raise NotImplementedError
+
+    def to(self, device: torch.device) -> None:
+        """Move stored tensors to ``device`` (backends that store outside torch ignore this)."""
+
+    def close(self) -> None:
+        """Release connections (backends without any ignore this)."""
+
+    def prepare_save(self) -> None:
+        """Make the stored vectors durable before the index file is written."""
+
+    def saved_params(self) -> dict:
+        return {k: v for k, v in self.params.items() if k not in self.SECRET}
+
+
+def shortlist_size(shortlist: int | None, k: int, n: int) -> int:
+    """Candidates fetched per query: ``shortlist`` (default max(4k, 64)), at least k, at most n."""
+    s = max(4 * k, 64) if shortlist is None else max(shortlist, k)
+    return min(s, n)
+
+
+def query_blocks(n_q: int, per_query_bytes: int, memory_budget: int):
+    """Slices of the queries such that one slice needs at most ``memory_budget`` bytes."""
+    step = max(1, int(memory_budget) // max(1, per_query_bytes))
+    for q0 in range(0, n_q, step):
+        yield slice(q0, min(n_q, q0 + step))
+
+
+def rerank(offsets: torch.Tensor, phi: torch.Tensor, cand_psi: torch.Tensor, cand_pos: torch.Tensor,
+           k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k among per-query candidates.
+
+    Parameters
+    ----------
+    offsets, phi : (n, ), (n, D)
+        Query terms o(q), φ(q).
+    cand_psi : (n, s, D)
+        Key features ψ of each query's candidates.
+    cand_pos : (n, s) int64
+        Their positions; −1 marks an empty slot.
+    k : int
+
+    Returns
+    -------
+    distances, positions : (n, k)
+        o(q) − φ(q)ᵀψ(g) sorted ascending, ties broken by the lower position; missing
+        entries have position −1 and distance +inf.
+    """
+    dtype = torch.promote_types(phi.dtype, cand_psi.dtype)
+    phi = phi.to(dtype)
+    scores = offsets.to(dtype)[:, None] - torch.bmm(cand_psi.to(dtype), phi[:, :, None])[:, :, 0]
+    missing = cand_pos < 0
+    scores = scores.masked_fill(missing, torch.inf)
+    # empty slots sort after every real candidate: give them the largest positions
+    order_pos = cand_pos.masked_fill(missing, torch.iinfo(torch.int64).max)
+    d, p = _sorted_topk(scores, order_pos, k)
+    gone = p == torch.iinfo(torch.int64).max
+    if bool(gone.any()):
+        p = p.masked_fill(gone, -1)
+        d = d.masked_fill(gone, torch.inf)
+    return d, p
+
+
+def warn_missing(positions: torch.Tensor, backend: str, hint: str) -> None:
+    """Warn when some queries got fewer than k results from an approximate index."""
+    short = int((positions < 0).any(dim=1).sum())
+    if short:
+        warnings.warn(
+            f"The {backend} index returned fewer than k candidates for {short} quer{'y' if short == 1 else 'ies'}; "
+            f"missing results have id -1 and distance inf. {hint}",
+            RuntimeWarning, stacklevel=4,
+        )
+
+
+__all__ = ["Backend", "DEFAULT_MEMORY_BUDGET", "positive_int", "margin_value", "shortlist_size",
+           "query_blocks", "rerank", "warn_missing"]

@@ -1,0 +1,100 @@
+"""The ``exact`` backend: key features in torch, blocked exact search."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ._common import DEFAULT_MEMORY_BUDGET, Backend, positive_int
+from ..search import _sorted_topk
+
+#: Rows per stored block of key features (also the gallery block of one score matrix).
+BLOCK_ROWS = 1 << 16
+
+
+class ExactBackend(Backend):
+    """Stores ψ(g) for every key and searches exactly with blocked matrix products.
+
+    The features keep the dtype of the first batch added (float32 or float64) and live on
+    the model's device. A search holds one (query block × ``BLOCK_ROWS``) score matrix of
+    at most ``memory_budget`` bytes, as :func:`anchordiv.search.search` does, and gives the
+    same distances and the same tie-breaking (lower position first).
+
+    Parameters
+    ----------
+    memory_budget : int
+        Bytes allowed for one block of scores.
+    """
+
+    name = "exact"
+    DEFAULTS = {"memory_budget": DEFAULT_MEMORY_BUDGET}
+    CHECKS = {"memory_budget": lambda v: positive_int(v, "memory_budget")}
+    RUNTIME = frozenset({"memory_budget"})
+
+    def __init__(self, params: dict, euclidean: bool):
+        super().__init__(params, euclidean)
+        self.blocks: list[torch.Tensor] = []
+        self.dtype: torch.dtype | None = None
+
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
+        if self.dtype is None:
+            self.dtype = psi.dtype
+        psi = psi.to(self.dtype)
+        blocks = list(self.blocks)
+        start = 0
+        if blocks and blocks[-1].shape[0] < BLOCK_ROWS:
+            take = BLOCK_ROWS - blocks[-1].shape[0]
+            blocks[-1] = torch.cat([blocks[-1], psi[:take]])
+            start = take
+        for s in range(start, psi.shape[0], BLOCK_ROWS):
+            blocks.append(psi[s:s + BLOCK_ROWS].clone())
+        self.blocks = blocks
+
+    def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
+               positions_of: Callable[[np.ndarray], np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = torch.promote_types(phi.dtype, self.dtype)
+        offsets, phi = offsets.to(dtype), phi.to(dtype)
+        n_q = phi.shape[0]
+        item = phi.element_size()
+        q_block = max(1, min(n_q, self.params["memory_budget"] // (BLOCK_ROWS * item)))
+        best_d = best_i = None
+        g0 = 0
+        for block in self.blocks:
+            psi = block.to(dtype)
+            g1 = g0 + psi.shape[0]
+            cols = torch.arange(g0, g1, device=phi.device)
+            part_d, part_i = [], []
+            for q0 in range(0, n_q, q_block):
+                q1 = min(n_q, q0 + q_block)
+                scores = torch.addmm(offsets[q0:q1, None], phi[q0:q1], psi.T, alpha=-1)
+                kk = min(k, g1 - g0)
+                d, i = _sorted_topk(scores, cols, kk)
+                if best_d is not None:
+                    d, i = _sorted_topk(torch.cat([best_d[q0:q1], d], 1), torch.cat([best_i[q0:q1], i], 1),
+                                        min(k, best_d.shape[1] + kk))
+                part_d.append(d)
+                part_i.append(i)
+            best_d, best_i = torch.cat(part_d), torch.cat(part_i)
+            g0 = g1
+        return best_d, best_i
+
+    def state(self, n: int) -> dict:
+        return {"blocks": [b.detach().cpu() for b in self.blocks]}
+
+    @classmethod
+    def restore(cls, params: dict, euclidean: bool, state: dict, n: int, source: str) -> "ExactBackend":
+        self = cls(params, euclidean)
+        blocks = state.get("blocks")
+        if not isinstance(blocks, list) or not all(isinstance(b, torch.Tensor) and b.ndim == 2 for b in blocks):
+            raise ValueError(f"{source!r} is corrupt: the exact backend's feature blocks are missing or malformed.")
+        rows = sum(b.shape[0] for b in blocks)
+        if rows != n:
+            raise ValueError(f"{source!r} is corrupt: it holds {rows} feature rows but {n} ids.")
+        self.blocks = blocks
+        self.dtype = blocks[0].dtype if blocks else None
+        return self
+
+    def to(self, device: torch.device) -> None:
+        self.blocks = [b.to(device) for b in self.blocks]

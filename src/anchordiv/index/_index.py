@@ -1,0 +1,329 @@
+"""``Index``: a persistent gallery for one geometry, searched exactly or through an ANN index."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..models.base import EuclideanModel, Geometry
+from ._common import Backend
+from ._exact import ExactBackend
+from ._faiss import FaissBackend
+from ._milvus import MilvusBackend
+from ._storage import FORMAT, VERSION, atomic_save, geometry_from_dict, geometry_to_dict, read_payload
+
+#: Backends by name.
+BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (ExactBackend, FaissBackend, MilvusBackend)}
+
+
+class Index:
+    """A gallery of vectors, searched by an anchor divergence (or any geometry).
+
+    Each vector g is stored as its key features ψ(g) of the inner-product form
+    ``d(q, g) = o(q) − φ(q)ᵀψ(g)`` (see :class:`anchordiv.Geometry`). Results are exact
+    divergences in the units of ``model.search``: the approximate backends fetch a
+    shortlist of candidates and re-rank it with the model.
+
+    Parameters
+    ----------
+    model : Geometry
+        A fitted anchor model or baseline (``model.fit`` has been called).
+    backend : {"exact", "faiss", "milvus"}
+        ``"exact"`` (default) keeps ψ in torch and searches exhaustively, memory-bounded,
+        exactly as :func:`anchordiv.search.search`. ``"faiss"`` keeps a faiss-cpu index
+        (``pip install faiss-cpu``). ``"milvus"`` keeps the vectors in a Milvus
+        collection: an embedded milvus-lite file or a server/cluster
+        (``pip install pymilvus milvus-lite``).
+    symmetric : bool
+        Rank by ½[d(q‖g) + d(g‖q)] (default) or, when False, by d(q‖g).
+    **params
+        Backend parameters.
+
+        exact
+            ``memory_budget`` (bytes of one score block, default 256 MiB).
+        faiss
+            ``index_type`` ("flat" default, "hnsw", "ivf"), ``M`` (32), ``ef_construction``
+            (200), ``ef_search`` (128), ``nlist`` (default ⌊4√n⌋ of the first batch),
+            ``nprobe`` (16), ``shortlist`` (default max(4k, 64)), ``norm_margin`` (1.25),
+            ``memory_budget``.
+        milvus
+            ``uri`` (required: "./name.db" for milvus-lite, "http://host:19530" for a
+            server), ``token``, ``db_name``, ``collection_name`` ("anchordiv"),
+            ``index_type`` ("FLAT" default, "HNSW", "IVF_FLAT", "AUTOINDEX"), ``M``,
+            ``ef_construction``, ``ef_search``, ``nlist`` (128), ``nprobe``, ``shortlist``,
+            ``norm_margin``, ``overwrite`` (False), ``consistency_level`` ("Strong"),
+            ``memory_budget``.
+
+    Notes
+    -----
+    Euclidean models (Gaussian and the latent models, d = ‖z_q − z_g‖²) are indexed by
+    their embedding z with L2. Every other geometry is indexed through the MIPS-to-L2
+    reduction x = [ψ, √(M² − ‖ψ‖²)], y = [φ, 0] (Bachrach et al., 2014), whose L2 order is
+    the divergence order; M is set to ``norm_margin`` × the largest ‖ψ‖ of the first batch,
+    and a later batch with a larger norm re-augments all stored keys with a new M (faiss:
+    the index is rebuilt; milvus: every stored row is read back and upserted).
+
+    The faiss and milvus backends store float32 vectors, so their distances are exact
+    divergences of float32-rounded key features. The exact backend keeps the dtype of
+    the first batch added.
+
+    Milvus servers and clusters: see :mod:`anchordiv.index` for connecting with ``uri``,
+    ``token`` and ``collection_name``; the token is never written by :meth:`save`.
+    With the augmented layout, milvus indexes the keys with metric COSINE, which orders
+    keys of one norm as L2 does.
+
+    Examples
+    --------
+    >>> index = ad.Index(ad.Softmax(tau=0.05).fit(anchors), backend="faiss", index_type="hnsw")
+    >>> index.add(gallery, ids=gallery_ids)
+    >>> distances, ids = index.search(queries, k=10)
+    >>> index.save("gallery.index"); index = ad.Index.load("gallery.index")
+    """
+
+    def __init__(self, model: Geometry, backend: str = "exact", *, symmetric: bool = True, **params: Any):
+        if not isinstance(model, Geometry):
+            raise TypeError(f"model must be an anchordiv geometry (e.g. ad.Softmax(...).fit(anchors)), got {type(model).__name__}.")
+        model._check_fitted()
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise ValueError(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.")
+        self._setup(model, bool(symmetric), BACKENDS[backend](params, isinstance(model, EuclideanModel)))
+
+    def _setup(self, model: Geometry, symmetric: bool, backend: Backend, ids: np.ndarray | None = None,
+               dim: int | None = None) -> None:
+        self._model = model
+        self._symmetric = symmetric
+        self._backend = backend
+        self._ids = np.zeros(0, dtype=np.int64) if ids is None else ids
+        self._dim = dim
+        self._lookup: tuple[np.ndarray, np.ndarray] | None = None
+
+    # -------------------------------------------------------------- properties
+    @property
+    def model(self) -> Geometry:
+        """The geometry whose divergence ranks the results."""
+        return self._model
+
+    @property
+    def backend(self) -> str:
+        """Backend name: ``"exact"``, ``"faiss"`` or ``"milvus"``."""
+        return self._backend.name
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether results are ranked by the symmetrized divergence."""
+        return self._symmetric
+
+    @property
+    def params(self) -> dict:
+        """Backend parameters in force (a copy)."""
+        return dict(self._backend.params)
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Ids of the stored vectors, in the order they were added (a read-only view)."""
+        view = self._ids.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def dim(self) -> int | None:
+        """Dimension of the stored vectors (None before the first ``add``)."""
+        return self._dim
+
+    def __len__(self) -> int:
+        return int(self._ids.shape[0])
+
+    def __repr__(self) -> str:
+        defaults = self._backend.DEFAULTS
+        shown = {k: v for k, v in self._backend.saved_params().items()
+                 if k in ("uri", "collection_name") or v != defaults.get(k)}
+        extra = "".join(f", {k}={v!r}" for k, v in shown.items())
+        return f"Index({self._model!r}, backend={self.backend!r}, symmetric={self._symmetric}, n={len(self)}{extra})"
+
+    # ---------------------------------------------------------------- helpers
+    def _vectors(self, X: Any, name: str) -> tuple[torch.Tensor, Any]:
+        t, kind = self._model._input(X, name)
+        if self._dim is not None and t.shape[1] != self._dim:
+            raise ValueError(f"{name} has dimension {t.shape[1]} but this index holds vectors of dimension {self._dim}.")
+        return t, kind
+
+    def _new_ids(self, ids: Any, n: int) -> np.ndarray:
+        if ids is None:
+            new = np.arange(len(self), len(self) + n, dtype=np.int64)
+        else:
+            if isinstance(ids, torch.Tensor):
+                ids = ids.detach().cpu().numpy()
+            arr = np.asarray(ids)
+            if arr.ndim != 1 or arr.shape[0] != n:
+                raise ValueError(f"ids must be a 1-D sequence of {n} ints (one per row of G), got shape {arr.shape}.")
+            if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+                raise ValueError(f"ids must be integers (int64), got dtype {arr.dtype}.")
+            if arr.dtype == np.uint64 and n and int(arr.max()) > np.iinfo(np.int64).max:
+                raise ValueError("ids must fit in int64.")
+            new = arr.astype(np.int64)
+        uniq, counts = np.unique(new, return_counts=True)
+        if (counts > 1).any():
+            dup = uniq[counts > 1]
+            raise ValueError(f"Duplicate ids within this batch: {dup[:5].tolist()}{' ...' if len(dup) > 5 else ''}.")
+        clash = new[np.isin(new, self._ids)]
+        if clash.size:
+            raise ValueError(
+                f"ids already in the index: {clash[:5].tolist()}{' ...' if clash.size > 5 else ''}; every id must be unique."
+            )
+        return new
+
+    def _positions_of(self, ids: np.ndarray) -> np.ndarray:
+        if self._lookup is None:
+            order = np.argsort(self._ids, kind="stable")
+            self._lookup = (self._ids[order], order)
+        sorted_ids, order = self._lookup
+        at = np.clip(np.searchsorted(sorted_ids, ids), 0, max(0, len(sorted_ids) - 1))
+        found = sorted_ids[at] == ids if len(sorted_ids) else np.zeros(len(ids), bool)
+        if not found.all():
+            raise RuntimeError(
+                f"The {self.backend} store returned id(s) {np.asarray(ids)[~found][:5].tolist()} that this index never "
+                "added; it was changed outside this index."
+            )
+        return order[at]
+
+    # ------------------------------------------------------------------- API
+    def add(self, G: Any, ids: Any = None) -> "Index":
+        """Add the rows of ``G`` (numpy or torch, (n, d)) with optional int64 ``ids``.
+
+        Parameters
+        ----------
+        G : array-like (n, d)
+            Vectors in the model's embedding space.
+        ids : array-like (n,) of int, optional
+            One unique id per row; default len(index), len(index) + 1, …
+
+        Returns
+        -------
+        Index
+            self.
+        """
+        g, _ = self._vectors(G, "G")
+        new = self._new_ids(ids, g.shape[0])
+        psi = self._model._key_terms(g, self._symmetric)
+        self._backend.add(psi, new, self._ids)
+        self._ids = np.concatenate([self._ids, new])
+        self._dim = int(g.shape[1])
+        self._lookup = None
+        return self
+
+    def search(self, Q: Any, k: int = 10) -> tuple[Any, Any]:
+        """The k stored vectors closest to each query.
+
+        Parameters
+        ----------
+        Q : array-like (|Q|, d)
+            Queries (numpy in → numpy out, torch in → torch out).
+        k : int
+            Neighbours per query, at most ``len(index)``.
+
+        Returns
+        -------
+        distances : (|Q|, k)
+            Exact divergences (``model.search`` units), ascending; ties are broken by the
+            order in which vectors were added.
+        ids : (|Q|, k) int64
+            Ids of the neighbours. An approximate index that finds fewer than k
+            candidates for a query fills the rest with id −1 and distance inf (with a
+            ``RuntimeWarning``).
+        """
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}.")
+        k = int(k)
+        if len(self) == 0:
+            raise ValueError("This index is empty; add vectors with .add(G) before searching.")
+        if k > len(self):
+            raise ValueError(f"k={k} exceeds the {len(self)} vectors in the index; pass k <= {len(self)}.")
+        q, kind = self._vectors(Q, "Q")
+        offsets, phi = self._model._query_terms(q, self._symmetric)
+        dist, pos = self._backend.search(offsets, phi, k, len(self), self._positions_of)
+        pos_np = pos.cpu().numpy()
+        ids = np.where(pos_np >= 0, self._ids[np.clip(pos_np, 0, None)], -1).astype(np.int64)
+        if kind.is_numpy:
+            return kind.out(dist), ids
+        return kind.out(dist.to(q.device)), torch.from_numpy(ids).to(q.device)
+
+    def close(self) -> None:
+        """Release the backend's connection (milvus); the index cannot be used afterwards."""
+        self._backend.close()
+
+    # ------------------------------------------------------------- persistence
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the model, the ids and the stored vectors (or, for milvus, the connection) to ``path``.
+
+        The file is written to a temporary file first and then moved over ``path``, so a
+        failed save leaves any previous file intact. The milvus backend writes the uri,
+        database and collection name but never the token; its vectors stay in Milvus
+        (flushed before the file is written).
+        """
+        self._backend.prepare_save()
+        payload = {
+            "format": FORMAT,
+            "version": VERSION,
+            "backend": self.backend,
+            "symmetric": self._symmetric,
+            "params": self._backend.saved_params(),
+            "model": geometry_to_dict(self._model),
+            "dim": self._dim,
+            "ids": torch.from_numpy(self._ids.copy()),
+            "store": self._backend.state(len(self)),
+        }
+        atomic_save(payload, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: Any = None, **params: Any) -> "Index":
+        """Read an index written by :meth:`save`.
+
+        Parameters
+        ----------
+        path : str or PathLike
+        device : torch device, optional
+            Where the model (and the exact backend's features) go; default CPU.
+        **params
+            Run-time parameters to change: ``memory_budget`` (all), ``shortlist``,
+            ``ef_search``, ``nprobe`` (faiss, milvus), and the connection ``uri``,
+            ``token``, ``db_name``, ``consistency_level`` (milvus).
+
+        Raises
+        ------
+        FileNotFoundError
+            No file at ``path``.
+        ValueError
+            The file is corrupt, of another format, or its Milvus collection is missing
+            or no longer matches it.
+        """
+        source = os.fspath(path)
+        payload = read_payload(source)
+        try:
+            backend_name, symmetric = payload["backend"], bool(payload["symmetric"])
+            saved, ids, store, dim = payload["params"], payload["ids"], payload["store"], payload["dim"]
+        except (KeyError, TypeError):
+            raise ValueError(f"{source!r} is corrupt: required fields are missing.") from None
+        if backend_name not in BACKENDS:
+            raise ValueError(f"{source!r} uses backend {backend_name!r}, which this version of anchordiv lacks.")
+        backend_cls = BACKENDS[backend_name]
+        bad = sorted(set(params) - backend_cls.RUNTIME)
+        if bad:
+            raise ValueError(
+                f"Cannot change {', '.join(bad)} when loading a {backend_name!r} index; "
+                f"changeable: {', '.join(sorted(backend_cls.RUNTIME))}."
+            )
+        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.ndim != 1:
+            raise ValueError(f"{source!r} is corrupt: its ids are not a 1-D int64 tensor.")
+        if not isinstance(saved, dict) or not isinstance(store, dict):
+            raise ValueError(f"{source!r} is corrupt: backend parameters or store are malformed.")
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        model = geometry_from_dict(payload["model"], dev, source)
+        ids_np = ids.numpy().copy()
+        backend = backend_cls.restore({**saved, **params}, isinstance(model, EuclideanModel), store, len(ids_np), source)
+        backend.to(dev)
+        self = cls.__new__(cls)
+        self._setup(model, symmetric, backend, ids_np, dim)
+        return self

@@ -1,0 +1,423 @@
+"""ad.Index: exact, faiss and milvus-lite backends against model.search; persistence; bad input."""
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import anchordiv as ad
+from anchordiv.index import Index
+
+from conftest import unit_rows
+
+HAS_FAISS = importlib.util.find_spec("faiss") is not None
+HAS_MILVUS = importlib.util.find_spec("pymilvus") is not None and importlib.util.find_spec("milvus_lite") is not None
+needs_faiss = pytest.mark.skipif(not HAS_FAISS, reason="needs faiss-cpu (pip install faiss-cpu)")
+needs_milvus = pytest.mark.skipif(not HAS_MILVUS, reason="needs pymilvus and milvus-lite (pip install pymilvus milvus-lite)")
+
+PARAMS = {
+    "softmax": dict(tau=0.05),
+    "gaussian": dict(tau=0.05),
+    "gmm": dict(tau=0.05, n_components=2),
+    "latent_gaussian": dict(tau=0.05, rank=4),
+    "latent_spherical": dict(tau=0.05, rank=4),
+    "cosine": {},
+    "iti": {},
+}
+ANN_MODELS = ["softmax", "gaussian", "latent_spherical", "cosine"]
+N_GALLERY = 60
+
+# exhaustive settings: the approximate index must then return the exact top-k
+FAISS_EXHAUSTIVE = {
+    "flat": dict(index_type="flat"),
+    "hnsw": dict(index_type="hnsw", M=8, ef_construction=64, ef_search=N_GALLERY, shortlist=N_GALLERY),
+    "ivf": dict(index_type="ivf", nlist=4, nprobe=4),
+}
+MILVUS_EXHAUSTIVE = {
+    "FLAT": dict(index_type="FLAT"),
+    "HNSW": dict(index_type="HNSW", M=8, ef_construction=64, ef_search=N_GALLERY, shortlist=N_GALLERY),
+    "IVF_FLAT": dict(index_type="IVF_FLAT", nlist=4, nprobe=4),
+}
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(11)
+    d = 10
+    center = rng.normal(size=d)
+    anchors = unit_rows(rng, 40, d, center)
+    G = unit_rows(rng, N_GALLERY, d, center)
+    G[17] = G[4]  # a duplicate: a tie broken by insertion order
+    Q = np.vstack([unit_rows(rng, 6, d, center), G[4:5]])
+    return anchors, Q, G
+
+
+@pytest.fixture(scope="module")
+def data32(data):
+    """float32 queries and a gallery without exact duplicates.
+
+    Float32 features of two identical rows can differ in the last bit (BLAS blocking), so
+    a duplicate pair is an ordering coin-flip between two float32 computations.
+    """
+    anchors, Q, G = data
+    return Q.astype(np.float32), np.delete(G, 17, axis=0).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def models(data):
+    anchors = data[0]
+    return {name: ad.make_model(name, **p).fit(anchors) for name, p in PARAMS.items()}
+
+
+@pytest.fixture(scope="module")
+def milvus_uri(tmp_path_factory):
+    """One milvus-lite file (one embedded server) for the module; tests use their own collections."""
+    return str(tmp_path_factory.mktemp("milvus") / "index.db")
+
+
+_counter = iter(range(10**6))
+
+
+def milvus_params(uri, **extra):
+    return dict(uri=uri, collection_name=f"c{next(_counter)}", **extra)
+
+
+def assert_same_topk(dist, ids, ref_d, ref_i, rtol):
+    np.testing.assert_array_equal(ids, ref_i)
+    np.testing.assert_allclose(dist, ref_d, rtol=rtol, atol=rtol * float(np.abs(ref_d).max()))
+
+
+# ------------------------------------------------------------------ exactness
+@pytest.mark.parametrize("name", list(PARAMS))
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_exact_backend_equals_model_search(name, symmetric, data, models):
+    _, Q, G = data
+    m = models[name]
+    index = Index(m, symmetric=symmetric).add(G[:25]).add(G[25:])
+    for k in (1, 6, len(G)):
+        ref_d, ref_i = m.search(Q, G, k=k, symmetric=symmetric)
+        dist, ids = index.search(Q, k=k)
+        assert dist.dtype == np.float64 and ids.dtype == np.int64
+        assert_same_topk(dist, ids, ref_d, ref_i, rtol=1e-12)
+
+
+@needs_faiss
+@pytest.mark.parametrize("name", ANN_MODELS)
+@pytest.mark.parametrize("index_type", list(FAISS_EXHAUSTIVE))
+def test_faiss_exhaustive_is_exact(name, index_type, data32, models):
+    Q32, G32 = data32
+    m = models[name]
+    index = Index(m, "faiss", **FAISS_EXHAUSTIVE[index_type]).add(G32)
+    ref_d, ref_i = m.search(Q32, G32, k=8)
+    dist, ids = index.search(Q32, k=8)
+    assert dist.dtype == np.float32
+    assert_same_topk(dist, ids, ref_d, ref_i, rtol=1e-5)
+
+
+@needs_milvus
+@pytest.mark.parametrize("name", ANN_MODELS)
+@pytest.mark.parametrize("index_type", list(MILVUS_EXHAUSTIVE))
+def test_milvus_lite_exhaustive_is_exact(name, index_type, data32, models, milvus_uri):
+    Q32, G32 = data32
+    m = models[name]
+    index = Index(m, "milvus", **milvus_params(milvus_uri, **MILVUS_EXHAUSTIVE[index_type])).add(G32)
+    ref_d, ref_i = m.search(Q32, G32, k=8)
+    dist, ids = index.search(Q32, k=8)
+    assert_same_topk(dist, ids, ref_d, ref_i, rtol=1e-5)
+
+
+@needs_faiss
+def test_faiss_asymmetric_divergence(data32, models):
+    Q32, G32 = data32
+    m = models["softmax"]
+    index = Index(m, "faiss", symmetric=False, index_type="hnsw", ef_search=64, shortlist=N_GALLERY).add(G32)
+    ref_d, ref_i = m.search(Q32, G32, k=5, symmetric=False)
+    assert_same_topk(*index.search(Q32, k=5), ref_d, ref_i, rtol=1e-5)
+
+
+# ------------------------------------------------------------- ids and batches
+BATCH_BACKENDS = ["exact", pytest.param("faiss", marks=needs_faiss), pytest.param("milvus", marks=needs_milvus)]
+
+
+def make_index(backend, model, uri, **params):
+    if backend == "milvus":
+        params = milvus_params(uri, **params)
+    return Index(model, backend, **params)
+
+
+@pytest.mark.parametrize("backend", BATCH_BACKENDS)
+def test_batched_adds_equal_one_add_and_user_ids(backend, data32, models, milvus_uri):
+    Q32, G32 = data32
+    G = G32
+    m = models["softmax"]
+    one = make_index(backend, m, milvus_uri).add(G32)
+    batched = make_index(backend, m, milvus_uri)
+    for s in range(0, len(G), 13):
+        batched.add(G32[s:s + 13])
+    assert len(one) == len(batched) == len(G)
+    d1, i1 = one.search(Q32, k=9)
+    d2, i2 = batched.search(Q32, k=9)
+    np.testing.assert_array_equal(i1, i2)
+    np.testing.assert_allclose(d1, d2, rtol=1e-6, atol=1e-6 * float(np.abs(d1).max()))
+
+    user = np.arange(len(G), dtype=np.int64) * 7 + 1000
+    named = make_index(backend, m, milvus_uri).add(G32[:30], ids=user[:30]).add(G32[30:], ids=list(user[30:]))
+    d3, i3 = named.search(Q32, k=9)
+    np.testing.assert_array_equal(i3, user[i1])
+    np.testing.assert_allclose(d3, d1, rtol=1e-6, atol=1e-6 * float(np.abs(d1).max()))
+    np.testing.assert_array_equal(named.ids, user)
+
+
+def test_default_ids_continue_across_adds(data, models):
+    _, Q, G = data
+    index = Index(models["gaussian"]).add(G[:10]).add(G[10:20], ids=np.arange(100, 110)).add(G[20:25])
+    np.testing.assert_array_equal(index.ids, np.r_[np.arange(10), np.arange(100, 110), np.arange(20, 25)])
+    _, ids = index.search(G[12:13], k=1)
+    assert ids[0, 0] == 102
+
+
+def test_torch_in_torch_out(data, models):
+    _, Q, G = data
+    m = models["softmax"]
+    index = Index(m).add(torch.as_tensor(G, dtype=torch.float32))
+    dist, ids = index.search(torch.as_tensor(Q, dtype=torch.float32), k=4)
+    assert isinstance(dist, torch.Tensor) and dist.dtype == torch.float32
+    assert isinstance(ids, torch.Tensor) and ids.dtype == torch.int64
+    ref_d, ref_i = m.search(Q.astype(np.float32), G.astype(np.float32), k=4)
+    np.testing.assert_array_equal(ids.numpy(), ref_i)
+    dist_np, _ = index.search(Q, k=4)
+    assert isinstance(dist_np, np.ndarray) and dist_np.dtype == np.float64
+
+
+@pytest.mark.parametrize("backend", [pytest.param("faiss", marks=needs_faiss), pytest.param("milvus", marks=needs_milvus)])
+def test_larger_norms_later_reaugment(backend, data32, models, milvus_uri):
+    """A later batch with larger key norms than the first re-augments the stored keys."""
+    Q32, G32 = data32
+    m = models["iti"]  # ψ(g) = g: norms follow the inputs
+    G2 = np.vstack([G32[:30], 5 * G32[30:]])
+    index = make_index(backend, m, milvus_uri, shortlist=N_GALLERY).add(G2[:30])
+    bound = index._backend.layout.max_norm
+    index.add(G2[30:])
+    assert index._backend.layout.max_norm > 4 * bound
+    ref_d, ref_i = m.search(Q32, G2, k=10)
+    assert_same_topk(*index.search(Q32, k=10), ref_d, ref_i, rtol=1e-5)
+
+
+# ----------------------------------------------------------------- persistence
+ROUNDTRIP = [
+    ("exact", "gmm", {}),
+    ("exact", "cosine", {}),
+    pytest.param("faiss", "softmax", dict(index_type="hnsw", M=8), marks=needs_faiss),
+    pytest.param("faiss", "latent_spherical", dict(index_type="ivf", nlist=4, nprobe=2), marks=needs_faiss),
+    # Milvus builds segment indexes in the background, so an approximate search depends on
+    # when it runs; exhaustive settings make the comparison independent of that timing
+    pytest.param("milvus", "softmax", dict(index_type="HNSW", ef_search=64, shortlist=N_GALLERY), marks=needs_milvus),
+    pytest.param("milvus", "gaussian", dict(index_type="IVF_FLAT", nlist=4, nprobe=4), marks=needs_milvus),
+]
+
+
+@pytest.mark.parametrize("backend,name,params", ROUNDTRIP)
+def test_save_load_roundtrip(backend, name, params, data, models, milvus_uri, tmp_path):
+    _, Q, G = data
+    m = models[name]
+    G32 = G.astype(np.float32)
+    ids = np.arange(len(G), dtype=np.int64)[::-1] * 3
+    index = make_index(backend, m, milvus_uri, **params).add(G32[:40], ids=ids[:40]).add(G32[40:], ids=ids[40:])
+    before = index.search(Q, k=7)
+    path = tmp_path / "gallery.index"
+    index.save(path)
+    loaded = Index.load(path)
+    assert type(loaded.model) is type(m) and loaded.model.get_params() == m.get_params()
+    assert loaded.backend == backend and loaded.symmetric == index.symmetric and len(loaded) == len(index)
+    assert {k: v for k, v in loaded.params.items() if k != "token"} == index._backend.saved_params()
+    np.testing.assert_array_equal(loaded.ids, index.ids)
+    after = loaded.search(Q, k=7)
+    np.testing.assert_array_equal(after[1], before[1])
+    if backend == "milvus":  # candidates may come back in another order: same values up to summation order
+        np.testing.assert_allclose(after[0], before[0], rtol=1e-6, atol=1e-6 * float(np.abs(before[0]).max()))
+    else:
+        np.testing.assert_array_equal(after[0], before[0])
+    # the loaded model is the fitted model, not a refit
+    np.testing.assert_array_equal(loaded.model.pairwise(Q, G), m.pairwise(Q, G))
+    # the loaded index keeps working
+    loaded.add(G32[:2], ids=[-1, -2])
+    assert len(loaded) == len(G) + 2
+    assert set(loaded.search(G32[:2], k=3)[1][:, 0]) <= {-1, -2, ids[0], ids[1]}
+
+
+def test_every_geometry_roundtrips(data, models, tmp_path):
+    _, Q, G = data
+    for name, m in models.items():
+        path = tmp_path / f"{name}.index"
+        index = Index(m, symmetric=False).add(G)
+        index.save(path)
+        loaded = Index.load(path)
+        assert type(loaded.model) is type(m) and not loaded.symmetric
+        np.testing.assert_array_equal(loaded.model.pairwise(Q, G, symmetric=False), m.pairwise(Q, G, symmetric=False))
+        for got, want in zip(loaded.search(Q, k=5), index.search(Q, k=5)):
+            np.testing.assert_array_equal(got, want)
+
+
+@needs_milvus
+def test_milvus_save_holds_connection_not_token(data, models, milvus_uri, tmp_path):
+    _, Q, G = data
+    params = milvus_params(milvus_uri, token="root:Milvus")
+    index = Index(models["cosine"], "milvus", **params).add(G)
+    index.save(tmp_path / "m.index")
+    payload = torch.load(tmp_path / "m.index", weights_only=True)
+    assert "token" not in payload["params"] and "Milvus" not in repr(payload)
+    assert payload["params"]["uri"] == os.path.abspath(milvus_uri)
+    assert payload["params"]["collection_name"] == params["collection_name"]
+    assert "blocks" not in payload["store"] and "index" not in payload["store"]  # the vectors stay in Milvus
+    # the saved file no longer matches once the collection changes
+    index.add(G[:3], ids=[1000, 1001, 1002])
+    with pytest.raises(ValueError, match="m.index.*holds 63 rows"):
+        Index.load(tmp_path / "m.index")
+    # an existing collection is never silently reused
+    with pytest.raises(ValueError, match="already exists"):
+        Index(models["cosine"], "milvus", uri=milvus_uri, collection_name=params["collection_name"])
+    fresh = Index(models["cosine"], "milvus", uri=milvus_uri, collection_name=params["collection_name"], overwrite=True)
+    assert len(fresh) == 0
+
+
+def test_load_missing_file(tmp_path):
+    missing = tmp_path / "nope.index"
+    with pytest.raises(FileNotFoundError, match="nope.index"):
+        Index.load(missing)
+
+
+def test_load_corrupt_files(tmp_path, data, models):
+    _, Q, G = data
+    garbage = tmp_path / "garbage.index"
+    garbage.write_bytes(b"\x00not an index at all" * 10)
+    with pytest.raises(ValueError, match="garbage.index"):
+        Index.load(garbage)
+    good = tmp_path / "good.index"
+    Index(models["softmax"]).add(G).save(good)
+    raw = good.read_bytes()
+    truncated = tmp_path / "truncated.index"
+    truncated.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match="truncated.index"):
+        Index.load(truncated)
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(3)}, other)
+    with pytest.raises(ValueError, match="other.pt.*not an anchordiv index"):
+        Index.load(other)
+    with pytest.raises(ValueError, match="not a file"):
+        Index.load(tmp_path)
+    assert good.read_bytes() == raw  # reading never changes a file
+    Index.load(good)
+
+
+def test_failed_save_keeps_previous_file(tmp_path, data, models, monkeypatch):
+    _, Q, G = data
+    path = tmp_path / "gallery.index"
+    index = Index(models["gaussian"]).add(G[:20])
+    index.save(path)
+    expected = Index.load(path).search(Q, k=3)
+    index.add(G[20:])
+
+    def broken_save(obj, f, *args, **kwargs):
+        f.write(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        index.save(path)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["gallery.index"]  # no temporary file left behind
+    restored = Index.load(path)
+    assert len(restored) == 20
+    got = restored.search(Q, k=3)
+    np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_array_equal(got[0], expected[0])
+
+
+# ------------------------------------------------------------------- bad input
+def test_bad_inputs(data, models, tmp_path):
+    anchors, Q, G = data
+    m = models["softmax"]
+    index = Index(m)
+    with pytest.raises(ValueError, match="empty"):
+        index.search(Q, k=1)
+    index.add(G[:10])
+    with pytest.raises(ValueError, match="k=11 exceeds the 10"):
+        index.search(Q, k=11)
+    with pytest.raises(ValueError, match="positive int"):
+        index.search(Q, k=0)
+    with pytest.raises(ValueError, match="dimension"):
+        index.add(G[:2, :5])
+    with pytest.raises(ValueError, match="dimension"):
+        index.search(Q[:, :5], k=2)
+    with pytest.raises(ValueError, match=r"already in the index: \[3\]"):
+        index.add(G[10:12], ids=[3, 50])
+    with pytest.raises(ValueError, match="Duplicate ids within"):
+        index.add(G[10:12], ids=[50, 50])
+    with pytest.raises(ValueError, match="1-D sequence of 2"):
+        index.add(G[10:12], ids=[50])
+    with pytest.raises(ValueError, match="integers"):
+        index.add(G[10:12], ids=[50.0, 51.0])
+    assert len(index) == 10  # failed adds store nothing
+    with pytest.raises(ValueError, match="Unknown backend 'annoy'"):
+        Index(m, "annoy")
+    with pytest.raises(ValueError, match="Unknown parameter.*nlist"):
+        Index(m, "exact", nlist=4)
+    with pytest.raises(ad.NotFittedError):
+        Index(ad.Softmax(tau=0.05))
+    with pytest.raises(TypeError, match="geometry"):
+        Index("softmax")
+    index.save(tmp_path / "x.index")
+    with pytest.raises(ValueError, match="Cannot change nlist"):
+        Index.load(tmp_path / "x.index", nlist=8)
+    assert len(Index.load(tmp_path / "x.index", memory_budget=1)) == 10
+    # cosine takes any dimension, the index pins the first one
+    cos = Index(models["cosine"]).add(G)
+    with pytest.raises(ValueError, match="dimension 5 but this index holds vectors of dimension 10"):
+        cos.add(G[:2, :5])
+
+
+@needs_faiss
+def test_faiss_bad_inputs(data, models):
+    _, Q, G = data
+    m = models["softmax"]
+    with pytest.raises(ValueError, match="Unknown faiss index_type 'lsh'"):
+        Index(m, "faiss", index_type="lsh")
+    with pytest.raises(ValueError, match="nprobe must be a positive int"):
+        Index(m, "faiss", index_type="ivf", nprobe=0)
+    ivf = Index(m, "faiss", index_type="ivf", nlist=16)
+    with pytest.raises(ValueError, match="at least nlist=16"):
+        ivf.add(G[:8])
+    assert len(ivf) == 0
+    with pytest.raises(ValueError, match="dimension"):
+        Index(m, "faiss").add(G).add(G[:3, :4])
+
+
+@needs_milvus
+def test_milvus_bad_inputs(data, models, milvus_uri):
+    m = models["softmax"]
+    with pytest.raises(ValueError, match="needs uri="):
+        Index(m, "milvus")
+    with pytest.raises(ValueError, match="must end in '.db'"):
+        Index(m, "milvus", uri="gallery.sqlite")
+    with pytest.raises(ValueError, match="Unknown milvus index_type 'DISKANN_X'"):
+        Index(m, "milvus", uri=milvus_uri, index_type="DISKANN_X")
+
+
+def test_missing_optional_dependencies(models, monkeypatch):
+    m = models["softmax"]
+    with monkeypatch.context() as mp:
+        mp.setitem(sys.modules, "faiss", None)  # makes `import faiss` fail
+        with pytest.raises(ImportError, match="pip install faiss-cpu"):
+            Index(m, "faiss")
+    with monkeypatch.context() as mp:
+        mp.setitem(sys.modules, "pymilvus", None)
+        with pytest.raises(ImportError, match="pip install pymilvus"):
+            Index(m, "milvus", uri="http://localhost:19530")
+    if importlib.util.find_spec("pymilvus") is not None:
+        with monkeypatch.context() as mp:
+            mp.setitem(sys.modules, "milvus_lite", None)
+            with pytest.raises(ImportError, match="pip install milvus-lite"):
+                Index(m, "milvus", uri="./x.db")
