@@ -27,7 +27,12 @@ The backends' packages (``open_clip_torch``, ``transformers``, ``sentence-transf
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
+
+# transformers and open_clip import torchvision when it is installed; its compiled image
+# I/O extension is never used here, so its load failure beside a CPU torch is not news.
+warnings.filterwarnings("ignore", message="Failed to load image Python extension")
 
 from ._base import (
     DEFAULT_BATCH_SIZE,

@@ -586,8 +586,8 @@ def _jsonable(obj: Any) -> Any:
 
 
 def write_outputs(result: ProtocolResult, out_dir: str | os.PathLike | None, markdown: str,
-                  plot: Callable[[Any], None] | None, columns: Mapping[str, Sequence[str]] | None = None
-                  ) -> ProtocolResult:
+                  plot: Callable[[Any], None] | None, columns: Mapping[str, Sequence[str]] | None = None,
+                  figsize: tuple[float, float] = (7.5, 4.8)) -> ProtocolResult:
     """Write ``<protocol>.csv``, ``_summary.csv``, ``_effects.csv``, ``.md``, ``.png`` and ``.json``.
 
     Parameters
@@ -602,6 +602,8 @@ def write_outputs(result: ProtocolResult, out_dir: str | os.PathLike | None, mar
         Draws the figure on a matplotlib ``Figure`` it receives.
     columns : mapping, optional
         Column order for ``rows``, ``summary`` and ``effects``.
+    figsize : (float, float), optional
+        Figure size in inches.
 
     Returns
     -------
@@ -627,7 +629,7 @@ def write_outputs(result: ProtocolResult, out_dir: str | os.PathLike | None, mar
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
 
-        fig = plt.figure(figsize=(7.5, 4.8), dpi=110)
+        fig = plt.figure(figsize=figsize, dpi=110)
         try:
             plot(fig)
             fig.tight_layout()

@@ -94,13 +94,18 @@ def _fit_score(name: str, anchors: AnchorSet | None, data: EvalData, factors: Se
     return score(geometry, data, factors)
 
 
-def _verdict(ci_low: float, ci_high: float) -> str:
+def _verdict(ci_low: float, ci_high: float, diff: float | None = None) -> str:
+    """``holds`` (interval above 0 and the difference above the tie band), ``reversed``, ``tie`` or inconclusive."""
     if math.isnan(ci_low):
         return "not measured"
-    if ci_low > 0:
+    if diff is None:
+        diff = 0.5 * (ci_low + ci_high)
+    if ci_low > 0 and diff > TIE:
         return "holds"
-    if ci_high < 0:
+    if ci_high < 0 and diff < -TIE:
         return "reversed"
+    if abs(diff) <= TIE:
+        return f"tie (|difference| <= {TIE})"
     return "inconclusive (interval contains 0)"
 
 
@@ -247,13 +252,23 @@ def coordinate(data: EvalData, anchors_a: AnchorSet, anchors_b: AnchorSet, facto
             e = paired_effect(a, b, n_boot, seed)
             effects.append({"model": m, "factor": f, "role": role[f],
                             "comparison": f"AUPRC(p={p1:g}) - AUPRC(p={p0:g})" if sign > 0 else
-                            f"AUPRC(p={p0:g}) - AUPRC(p={p1:g})", **e, "verdict": _verdict(e["ci_low"], e["ci_high"])})
+                            f"AUPRC(p={p0:g}) - AUPRC(p={p1:g})", **e, "verdict": _verdict(e["ci_low"], e["ci_high"], e["diff"])})
 
+    verdicts = []
+    for m in models:
+        es = {e["role"]: e for e in effects if e["model"] == m}
+        if "A" in es and "B" in es:
+            ok = all(_verdict(es[k]["ci_low"], es[k]["ci_high"], es[k]["diff"]) == "holds" for k in "AB")
+            verdicts.append(f"{m}: p {p0:g} → {p1:g} changes AUPRC on {fa} by "
+                            f"{fmt_ci(es['A']['diff'], es['A']['ci_low'], es['A']['ci_high'], signed=True)} and on "
+                            f"{fb} by {fmt_ci(-es['B']['diff'], -es['B']['ci_high'], -es['B']['ci_low'], signed=True)}"
+                            f" → {'holds' if ok else 'does not hold'}")
     seconds = timer()
     config = _config("coordinate", data, seconds, models=models, baselines=baselines, factor_a=fa, factor_b=fb,
                      anchor_sets={"A": {"name": names[0], "n": len(A)}, "B": {"name": names[1], "n": len(B)}},
                      proportions=ps, n_draws=n_draws, anchor_fraction=anchor_fraction, tau=tau,
                      model_params=model_params or {}, seed=seed, n_boot=n_boot)
+    config["verdicts"] = verdicts
     result = ProtocolResult("coordinate", rows, summary, effects, config, seconds=seconds)
 
     # ---- markdown
@@ -278,6 +293,7 @@ def coordinate(data: EvalData, anchors_a: AnchorSet, anchors_b: AnchorSet, facto
         lines += ["References (independent of p): " + "; ".join(
             f"{b} · {role[f]} ({f}) {fmt_ci(by[(b, p0, f)]['auprc'], by[(b, p0, f)]['ci_low'], by[(b, p0, f)]['ci_high'])}"
             for b in baselines for f in (fa, fb)), ""]
+    lines += ["## Verdict", ""] + [f"- {v}" for v in verdicts] + [""]
     lines += ["## Effect of the mixture (paired over draws and queries)", "",
               markdown_table(["model", "factor", "comparison", "difference [95 %]", "verdict"],
                              [[e["model"], f"{e['role']} ({e['factor']})", e["comparison"],
@@ -296,11 +312,11 @@ def coordinate(data: EvalData, anchors_a: AnchorSet, anchors_b: AnchorSet, facto
                 ax.axhline(by[(b, p0, f)]["auprc"], color=_color(b), ls=style, lw=1, alpha=0.7, label=f"{b} · {f}")
         ax.set_xlabel(f"p (mass of {names[0]} anchors; 1 − p on {names[1]})")
         ax.set_ylabel("AUPRC")
-        ax.set_title("Anchor mixture selects the semantic coordinate")
-        ax.legend(fontsize=7, ncol=2)
+        ax.set_title("Anchor mixture selects the semantic coordinate (solid: A, dashed: B)", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
         ax.grid(alpha=0.3)
 
-    return write_outputs(result, out_dir, "\n".join(lines), plot, {
+    return write_outputs(result, out_dir, "\n".join(lines), plot, figsize=(9.5, 5), columns={
         "rows": ["model", "p", "draw", "factor", "role", "auprc", "n_anchors"],
         "summary": ["model", "p", "factor", "role", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
         "effects": ["model", "factor", "role", "comparison", "diff", "ci_low", "ci_high", "verdict"]})
@@ -405,7 +421,7 @@ def budget(data: EvalData, anchors: AnchorSet, factor: str, *, budgets: Sequence
                 continue
             e = paired_effect(groups[(m, b)], groups[("softmax", b)], n_boot, seed)
             effects.append({"budget": b, "model": m, "comparison": f"{m} - softmax", **e,
-                            "verdict": _verdict(e["ci_low"], e["ci_high"])})
+                            "verdict": _verdict(e["ci_low"], e["ci_high"], e["diff"])})
     seconds = timer()
     config = _config("budget", data, seconds, models=models, baselines=baselines, factor=f,
                      anchor_set={"name": name or f, "n": N}, budgets=budgets, n_draws=n_draws, tau=tau,
@@ -455,10 +471,10 @@ def budget(data: EvalData, anchors: AnchorSet, factor: str, *, budgets: Sequence
         ax.set_xlabel("number of anchors")
         ax.set_ylabel(f"AUPRC ({f})")
         ax.set_title("AUPRC against the anchor budget")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
         ax.grid(alpha=0.3)
 
-    return write_outputs(result, out_dir, "\n".join(lines), plot, {
+    return write_outputs(result, out_dir, "\n".join(lines), plot, figsize=(8.5, 4.8), columns={
         "rows": ["model", "budget", "draw", "auprc", "n_anchors"],
         "summary": ["model", "budget", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
         "effects": ["budget", "model", "comparison", "diff", "ci_low", "ci_high", "verdict"]})
@@ -474,24 +490,25 @@ def _budget_verdicts(budgets, models, groups, by, n_boot, seed, N) -> list[str]:
         b0 = small[0]
         best = max((m for m in para if (m, b0) in by), key=lambda m: by[(m, b0)]["auprc"])
         e = paired_effect(groups[(best, b0)], groups[("softmax", b0)], n_boot, seed)
-        out.append(f"few anchors (n = {b0}): best parametric {best} − softmax = "
-                   f"{fmt_ci(e['diff'], e['ci_low'], e['ci_high'], signed=True)} → {_verdict(e['ci_low'], e['ci_high'])}")
+        out.append(f"few anchors (n = {b0}): best parametric (highest mean) {best} − softmax = "
+                   f"{fmt_ci(e['diff'], e['ci_low'], e['ci_high'], signed=True)} → {_verdict(e['ci_low'], e['ci_high'], e['diff'])}")
     if ("softmax", N) in groups:
         cands = [m for m in para if (m, N) in by]
         if cands:
             best = max(cands, key=lambda m: by[(m, N)]["auprc"])
             e = paired_effect(groups[("softmax", N)], groups[(best, N)], n_boot, seed)
-            out.append(f"full set (n = {N}): softmax − best parametric {best} = "
+            out.append(f"full set (n = {N}): softmax − best parametric (highest mean) {best} = "
                        f"{fmt_ci(e['diff'], e['ci_low'], e['ci_high'], signed=True)} → "
-                       f"{_verdict(e['ci_low'], e['ci_high'])}")
-        wins = [b for b in budgets if all(by.get(("softmax", b), {}).get("auprc", -1) >= by[(m, b)]["auprc"]
-                                          for m in para if (m, b) in by) and ("softmax", b) in by]
+                       f"{_verdict(e['ci_low'], e['ci_high'], e['diff'])}")
+        contested = [b for b in budgets if ("softmax", b) in by and any((m, b) in by for m in para)]
+        wins = [b for b in contested if all(by[("softmax", b)]["auprc"] >= by[(m, b)]["auprc"]
+                                            for m in para if (m, b) in by)]
         if wins:
-            out.append(f"softmax is the best anchor model from n = {min(wins)} on" if
-                       all(b in wins for b in budgets if b >= min(wins)) else
-                       f"softmax is the best anchor model at n ∈ {wins}")
+            out.append(f"softmax has the highest mean AUPRC of the anchor models from n = {min(wins)} on" if
+                       all(b in wins for b in contested if b >= min(wins)) else
+                       f"softmax has the highest mean AUPRC of the anchor models at n ∈ {wins}")
         else:
-            out.append("softmax is never the best anchor model")
+            out.append("softmax never has the highest mean AUPRC of the anchor models")
     return out
 
 
@@ -621,7 +638,7 @@ def adaptation(data: EvalData, broad: AnchorSet, target: AnchorSet, factor: str,
                     continue
                 e = paired_effect(post, groups[(other, b)], n_boot, seed)
                 effects.append({"model": m, "budget": b, "comparison": f"posterior {m} - {other}", **e,
-                                "verdict": _verdict(e["ci_low"], e["ci_high"])})
+                                "verdict": _verdict(e["ci_low"], e["ci_high"], e["diff"])})
     seconds = timer()
     prior_info = {m: {k: v for k, v in (("n_components", getattr(p, "n_components", None)),
                                         ("k", getattr(p, "n_components_", None))) if v is not None}
@@ -663,11 +680,17 @@ def adaptation(data: EvalData, broad: AnchorSet, target: AnchorSet, factor: str,
             verdicts.append(f"{m}: not measured")
             continue
         first, last = es[0], es[-1]
-        narrowing = "narrows" if last["diff"] < first["diff"] else "does not narrow"
-        verdicts.append(f"{m}: posterior − target-only at n = {first['budget']}: "
-                        f"{fmt_ci(first['diff'], first['ci_low'], first['ci_high'], signed=True)} → "
-                        f"{_verdict(first['ci_low'], first['ci_high'])}; at n = {last['budget']}: "
-                        f"{fmt_ci(last['diff'], last['ci_low'], last['ci_high'], signed=True)} (gap {narrowing})")
+        narrowing = "narrows" if abs(last["diff"]) < abs(first["diff"]) else "does not narrow"
+        text = (f"{m}: posterior − target-only at n = {first['budget']}: "
+                f"{fmt_ci(first['diff'], first['ci_low'], first['ci_high'], signed=True)} → "
+                f"{_verdict(first['ci_low'], first['ci_high'], first['diff'])}; at n = {last['budget']}: "
+                f"{fmt_ci(last['diff'], last['ci_low'], last['ci_high'], signed=True)} (gap {narrowing})")
+        vs_broad = [e for e in effects if e["model"] == m and e["comparison"] == f"posterior {m} - broad {m}"]
+        if vs_broad:
+            best = max(vs_broad, key=lambda e: e["diff"])
+            text += (f"; posterior − broad fit: at best {fmt_ci(best['diff'], best['ci_low'], best['ci_high'], signed=True)}"
+                     f" (n = {best['budget']})")
+        verdicts.append(text)
     result.config["verdicts"] = verdicts
     lines += ["## Verdict", ""] + [f"- {v}" for v in verdicts] + [""]
     lines += ["## Posterior minus other geometries (paired over draws and queries)", "",
@@ -691,11 +714,11 @@ def adaptation(data: EvalData, broad: AnchorSet, target: AnchorSet, factor: str,
         ax.set_xscale("log", base=2)
         ax.set_xlabel("number of target anchors")
         ax.set_ylabel(f"AUPRC ({f})")
-        ax.set_title("Posterior (solid) vs target-only (dotted); broad fit (dash-dot)")
-        ax.legend(fontsize=7, ncol=2)
+        ax.set_title("Posterior (solid) vs target-only (dotted); broad fit (dash-dot)", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
         ax.grid(alpha=0.3)
 
-    return write_outputs(result, out_dir, "\n".join(lines), plot, {
+    return write_outputs(result, out_dir, "\n".join(lines), plot, figsize=(9.5, 5), columns={
         "rows": ["method", "model", "kind", "budget", "draw", "auprc"],
         "summary": ["method", "budget", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
         "effects": ["model", "budget", "comparison", "diff", "ci_low", "ci_high", "verdict"]})
@@ -807,7 +830,7 @@ def components(data: EvalData, anchor_sets: Any, *, n_components: Sequence[int] 
             e = paired_effect(groups[(name, "gmm", M)], groups[(name, "gmm", done[0])], n_boot, seed)
             effects.append({"anchor_set": name, "factor": f, "n_components": M,
                             "comparison": f"gmm(M={M}) - gmm(M={done[0]})", **e,
-                            "verdict": _verdict(e["ci_low"], e["ci_high"])})
+                            "verdict": _verdict(e["ci_low"], e["ci_high"], e["diff"])})
     seconds = timer()
     config = _config("components", data, seconds, anchor_sets={n: {"n": len(A), "factor": f} for n, A, f in sets},
                      n_components=Ms, n_draws=n_draws, references=references, tau=tau, model_params=base, seed=seed,
@@ -869,7 +892,8 @@ def components(data: EvalData, anchor_sets: Any, *, n_components: Sequence[int] 
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
 
-    return write_outputs(result, out_dir, "\n".join(lines), plot, {
+    figsize = (max(5.0, 3.6 * len(sets)), 4.2)
+    return write_outputs(result, out_dir, "\n".join(lines), plot, figsize=figsize, columns={
         "rows": ["anchor_set", "factor", "model", "n_components", "draw", "auprc"],
         "summary": ["anchor_set", "model", "n_components", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
         "effects": ["anchor_set", "factor", "n_components", "comparison", "diff", "ci_low", "ci_high", "verdict"]})
@@ -1043,7 +1067,8 @@ def table(data: EvalData, entries: Any, *, models: Sequence[str] = ("softmax",),
                 xs.append(e["diff"])
                 lo.append(e["diff"] - e["ci_low"])
                 hi.append(e["ci_high"] - e["diff"])
-            ax.errorbar(xs, ys, xerr=[lo, hi], fmt="o", ms=3.5, capsize=2, color=f"C{j}", label=f"{m} − {b}")
+            ax.errorbar(xs, ys, xerr=[lo, hi], fmt="o" if b == "cosine" else "s", ms=3.5, capsize=2,
+                        color=_color(m), mfc=_color(m) if b == "cosine" else "white", label=f"{m} − {b}")
         ax.axvline(0, color="k", lw=0.8)
         ax.axvspan(-TIE, TIE, color="0.85", zorder=0)
         ax.set_yticks(range(len(labels)))
@@ -1051,10 +1076,11 @@ def table(data: EvalData, entries: Any, *, models: Sequence[str] = ("softmax",),
         ax.invert_yaxis()
         ax.set_xlabel("AUPRC difference (positive favours the anchor model)")
         ax.set_title("Per-label differences against the reference geometries")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
         ax.grid(alpha=0.3, axis="x")
 
-    return write_outputs(result, out_dir, "\n".join(lines), plot, {
+    figsize = (9.0, max(4.8, 1.5 + 0.28 * len(subsets)))
+    return write_outputs(result, out_dir, "\n".join(lines), plot, figsize=figsize, columns={
         "rows": ["label", "factor", "model", "draw", "auprc"],
         "summary": ["label", "value", "model", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
         "effects": ["label", "factor", "value", "model", "baseline", "diff", "ci_low", "ci_high", "class",
@@ -1209,7 +1235,7 @@ def runtime(*, models: Sequence[str] = RUNTIME_MODELS, n_anchors: Sequence[int] 
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3, which="both")
 
-    return write_outputs(result, out_dir, "\n".join(lines), plot, {
+    return write_outputs(result, out_dir, "\n".join(lines), plot, columns={
         "rows": ["model", "n_anchors", "n_queries", "n_gallery", "seconds", "fit_s", "search_s", "samples"],
         "summary": ["model", "n_anchors", "n_queries", "n_gallery", "seconds", "fit_s", "search_s", "samples",
                     "ratio_to_cosine"],

@@ -361,15 +361,25 @@ class EuclideanModel(AnchorModel):
         return torch.cat([z, (z * z).sum(1, keepdim=True)], dim=1)
 
 
-def weighted_mean_cov(X: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def weighted_mean_cov(X: torch.Tensor, w: torch.Tensor, chunk: int = 16384) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted mean and (1/n, MLE) covariance Σ_i w_i (x_i − μ)(x_i − μ)ᵀ, w summing to 1.
 
-    Raises a ``ValueError`` when the anchors have (numerically) zero variance.
+    Streams over row chunks: each chunk's scatter is a GEMM in the dtype of ``X`` (float32
+    data stays float32) accumulated in float64, so no float64 copy of the anchors is made.
+    Returns float64 tensors. Raises a ``ValueError`` when the anchors have (numerically)
+    zero variance.
     """
-    mean = w @ X
-    Xc = X - mean
-    cov = (Xc * w[:, None]).T @ Xc
-    scale = float((w @ (X * X)).sum())
-    if float(torch.trace(cov)) <= 1e-12 * max(scale, torch.finfo(X.dtype).tiny):
+    w = w.to(torch.float64)
+    mean = torch.zeros(X.shape[1], dtype=torch.float64, device=X.device)
+    for sl in row_chunks(X.shape[0], chunk):
+        mean += w[sl] @ X[sl].to(torch.float64)
+    cov = torch.zeros(X.shape[1], X.shape[1], dtype=torch.float64, device=X.device)
+    scale = 0.0
+    center = mean.to(X.dtype)
+    for sl in row_chunks(X.shape[0], chunk):
+        D = X[sl] - center
+        cov += ((D * w[sl, None].to(X.dtype)).T @ D).to(torch.float64)
+        scale += float(w[sl] @ (X[sl] * X[sl]).sum(1).to(torch.float64))
+    if float(torch.trace(cov)) <= 1e-12 * max(scale, torch.finfo(torch.float64).tiny):
         raise ValueError("The anchors have zero variance (all identical); a covariance needs at least 2 distinct anchors.")
     return mean, cov

@@ -79,8 +79,7 @@ class Gaussian(PosteriorMixin, EuclideanModel):
         self.summary = summary
 
     def _fit(self, anchors: AnchorSet) -> None:
-        X = anchors.embeddings.to(torch.float64)
-        self.mean_, self.covariance_ = weighted_mean_cov(X, anchors.weights)
+        self.mean_, self.covariance_ = weighted_mean_cov(anchors.embeddings, anchors.weights)
 
     # -------------------------------------------------------------- posterior
     def _check_posterior_params(self, dim: int) -> tuple[float, float]:

@@ -61,8 +61,7 @@ class _LatentSubspace(PosteriorMixin, EuclideanModel):
     _posterior_attributes = ("prior_", "posterior_", "beta_")
 
     def _fit(self, anchors: AnchorSet) -> None:
-        X = anchors.embeddings.to(torch.float64)
-        self.mean_, cov = weighted_mean_cov(X, anchors.weights)
+        self.mean_, cov = weighted_mean_cov(anchors.embeddings, anchors.weights)
         self._set_subspace(*principal_subspace(cov, self.rank))
 
     def _set_subspace(self, components: torch.Tensor, eigenvalues: torch.Tensor, k: int) -> None:
@@ -81,8 +80,7 @@ class _LatentSubspace(PosteriorMixin, EuclideanModel):
         raise NotImplementedError
 
     def _fit_posterior(self, target: AnchorSet, prior: "_LatentSubspace") -> None:
-        X = target.embeddings.to(torch.float64)
-        mean, cov = weighted_mean_cov(X, target.weights)
+        mean, cov = weighted_mean_cov(target.embeddings, target.weights)
         beta = self._posterior_beta(len(target), cov)
         k = prior.n_components_
         posterior = MatrixBingham.from_subspace(prior.components_, self.alpha).update(cov, beta)

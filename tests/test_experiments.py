@@ -1,0 +1,244 @@
+"""Tests of the experiment protocols (anchordiv.experiments) on small synthetic collections.
+
+Each protocol is checked for the direction of its effect on data built to show it, for
+the files and columns it writes, for reproducibility with a seed, and for clear errors
+on bad input.
+"""
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+
+import anchordiv as ad
+from anchordiv import experiments as ex
+from anchordiv.experiments.core import EvalData, score
+from anchordiv.metrics import mean_average_precision, relevance_from_labels
+
+D = 16
+TAU = 0.1
+
+
+def _unit(X):
+    return X / np.linalg.norm(X, axis=1, keepdims=True)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Small LAPACK calls (eigh) can be very slow with several threads on a busy machine.
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def world():
+    """Items = factor-A direction + factor-B direction + noise; anchors near each factor's directions."""
+    rng = np.random.default_rng(0)
+    Da, Db = rng.normal(size=(4, D)), rng.normal(size=(3, D))
+    n = 72
+    a = np.arange(n) % 4
+    b = rng.permutation(np.arange(n) % 3)
+    X = _unit(Da[a] + Db[b] + 0.6 * rng.normal(size=(n, D)))
+
+    def anchors(dirs, per, noise=0.3):
+        return ad.AnchorSet(_unit(np.repeat(dirs, per, 0) + noise * rng.normal(size=(len(dirs) * per, D))))
+
+    A, B = anchors(Da, 3), anchors(Db, 3)
+    broad = anchors(np.vstack([Da, Db, rng.normal(size=(6, D))]), 12)
+    data = EvalData.create(X, {"a": a, "b": b}, tau=TAU, name="synthetic")
+    return {"data": data, "A": A, "B": B, "broad": broad}
+
+
+def _read(path):
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    return rows[0], rows[1:]
+
+
+def _check_files(res, out, columns):
+    name = res.protocol
+    for suffix in (".csv", "_summary.csv", "_effects.csv", ".md", ".png", ".json"):
+        assert (out / f"{name}{suffix}").is_file(), suffix
+    assert (out / f"{name}.png").stat().st_size > 1000
+    for key, cols in columns.items():
+        header, rows = _read(out / f"{name}{'' if key == 'rows' else '_' + key}.csv")
+        assert header == cols
+        assert rows
+
+
+def _auprc(res, **match):
+    hits = [s["auprc"] for s in res.summary if all(s.get(k) == v for k, v in match.items())]
+    assert len(hits) == 1, (match, hits)
+    return hits[0]
+
+
+# ----------------------------------------------------------------------------- core
+def test_score_matches_exclude_self(world):
+    data = world["data"]
+    g = ad.Softmax(tau=TAU).fit(world["A"])
+    ap = score(g, data, ["a"])["a"]
+    D_ = g.pairwise(data.embeddings, data.embeddings)
+    ref = mean_average_precision(D_, relevance_from_labels(data.labels["a"], data.labels["a"]), exclude_self=True)
+    np.testing.assert_allclose(ap, ref.per_query, atol=1e-12)
+    # chunked computation and an overlapping query/key split drop the pair (i, i) the same way
+    np.testing.assert_allclose(score(g, data, ["a"], chunk_elements=500)["a"], ref.per_query, atol=1e-12)
+    keys = np.arange(10, 72)
+    split = EvalData.create(data.embeddings, data.labels, queries=np.arange(0, 20), keys=keys)
+    got = score(g, split, ["a"])["a"]
+    for i in (0, 15):
+        mask = keys != i
+        row = g.pairwise(data.embeddings[i:i + 1], data.embeddings[keys[mask]])
+        rel = data.labels["a"][keys[mask]] == data.labels["a"][i]
+        assert got[i] == pytest.approx(mean_average_precision(row, rel[None]).mean)
+
+
+# ----------------------------------------------------------------------- protocols
+def test_coordinate_direction_and_files(world, tmp_path):
+    res = ex.coordinate(world["data"], world["A"], world["B"], "a", "b", models=["softmax", "gaussian"],
+                        proportions=[0, 0.5, 1], n_draws=2, out_dir=tmp_path, n_boot=200, progress=False)
+    for m in ("softmax", "gaussian"):
+        assert _auprc(res, model=m, p=1.0, factor="a") > _auprc(res, model=m, p=0.0, factor="a") + 0.1
+        assert _auprc(res, model=m, p=0.0, factor="b") > _auprc(res, model=m, p=1.0, factor="b") + 0.1
+    assert all(e["verdict"] == "holds" for e in res.effects)
+    _check_files(res, tmp_path, {
+        "rows": ["model", "p", "draw", "factor", "role", "auprc", "n_anchors"],
+        "summary": ["model", "p", "factor", "role", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
+        "effects": ["model", "factor", "role", "comparison", "diff", "ci_low", "ci_high", "verdict"]})
+    assert "Verdict" in (tmp_path / "coordinate.md").read_text()
+
+
+def test_budget_softmax_improves_with_coverage(world, tmp_path):
+    res = ex.budget(world["data"], world["A"], "a", budgets=[1, 2, 12], n_draws=3, out_dir=tmp_path, n_boot=200,
+                    progress=False)
+    assert _auprc(res, model="softmax", budget=12) >= _auprc(res, model="softmax", budget=2)
+    # models that need two anchors skip the budget of one; cosine does not depend on the budget
+    assert not [s for s in res.summary if s["model"] == "gaussian" and s["budget"] == 1]
+    assert _auprc(res, model="cosine", budget=1) == _auprc(res, model="cosine", budget=12)
+    _check_files(res, tmp_path, {
+        "rows": ["model", "budget", "draw", "auprc", "n_anchors"],
+        "summary": ["model", "budget", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
+        "effects": ["budget", "model", "comparison", "diff", "ci_low", "ci_high", "verdict"]})
+
+
+def test_adaptation_posterior_beats_target_only(world, tmp_path):
+    mp = {"latent_gaussian": {"rank": 6}, "latent_spherical": {"rank": 6}, "gmm": {"n_components": 3}}
+    res = ex.adaptation(world["data"], world["broad"], world["A"], "a", budgets=[2, 12], n_draws=3,
+                        model_params=mp, out_dir=tmp_path, n_boot=200, progress=False)
+    for m in ("gaussian", "gmm", "latent_gaussian", "latent_spherical"):
+        assert _auprc(res, method=f"posterior {m}", budget=2) > _auprc(res, method=m, budget=2), m
+    _check_files(res, tmp_path, {
+        "rows": ["method", "model", "kind", "budget", "draw", "auprc"],
+        "summary": ["method", "budget", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
+        "effects": ["model", "budget", "comparison", "diff", "ci_low", "ci_high", "verdict"]})
+    assert res.config["priors"]["latent_spherical"]["k"] == 6
+
+
+def test_components_and_table_write_their_files(world, tmp_path):
+    res = ex.components(world["data"], {"A": (world["A"], "a"), "B": (world["B"], "b")}, n_components=[1, 2, 16],
+                        n_draws=2, out_dir=tmp_path / "c", n_boot=100, progress=False)
+    assert any("M = 16" in s for s in res.config["skipped"])  # more components than anchors
+    _check_files(res, tmp_path / "c", {
+        "rows": ["anchor_set", "factor", "model", "n_components", "draw", "auprc"],
+        "summary": ["anchor_set", "model", "n_components", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
+        "effects": ["anchor_set", "factor", "n_components", "comparison", "diff", "ci_low", "ci_high", "verdict"]})
+    res = ex.table(world["data"], [("A", world["A"], "a"), ("B", world["B"], "b")], models=["softmax", "gaussian"],
+                   per_value=True, n_draws=2, anchor_fraction=0.8, out_dir=tmp_path / "t", n_boot=100,
+                   progress=False)
+    assert len(res.effects) == (4 + 3) * 2 * 2  # values × models × baselines
+    assert {e["class"] for e in res.effects} <= {"better", "tie", "worse"}
+    # anchors of the factor beat cosine on it
+    assert np.mean([e["diff"] for e in res.effects if e["baseline"] == "cosine"]) > 0
+    _check_files(res, tmp_path / "t", {
+        "rows": ["label", "factor", "model", "draw", "auprc"],
+        "summary": ["label", "value", "model", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
+        "effects": ["label", "factor", "value", "model", "baseline", "diff", "ci_low", "ci_high", "class",
+                    "n_queries"]})
+
+
+def test_runtime_runs_the_benchmark(tmp_path):
+    res = ex.runtime(models=["cosine", "softmax", "gaussian"], n_anchors=[32, 64], n_queries=8, n_gallery=40,
+                     repeats=1, out_dir=tmp_path, progress=False)
+    assert res.config["benchmark"].endswith("bench_scaling.py")
+    assert {(r["model"], r["n_anchors"]) for r in res.rows} == {(m, n) for m in ("cosine", "softmax", "gaussian")
+                                                                for n in (32, 64)}
+    assert all(r["seconds"] > 0 for r in res.rows)
+    _check_files(res, tmp_path, {
+        "rows": ["model", "n_anchors", "n_queries", "n_gallery", "seconds", "fit_s", "search_s", "samples"],
+        "effects": ["model", "n_small", "n_large", "seconds_small", "seconds_large", "growth"]})
+    with pytest.raises(FileNotFoundError, match="bench_scaling"):
+        ex.runtime(bench_dir=tmp_path, n_anchors=[8], progress=False)
+
+
+# ------------------------------------------------------------------- reproducibility
+def test_same_seed_same_files(world, tmp_path):
+    kw = dict(models=["softmax", "gmm"], proportions=[0, 0.5, 1], n_draws=2, anchor_fraction=0.7, n_boot=100,
+              progress=False)
+    ex.coordinate(world["data"], world["A"], world["B"], "a", "b", out_dir=tmp_path / "1", seed=3, **kw)
+    ex.coordinate(world["data"], world["A"], world["B"], "a", "b", out_dir=tmp_path / "2", seed=3, **kw)
+    ex.coordinate(world["data"], world["A"], world["B"], "a", "b", out_dir=tmp_path / "3", seed=4, **kw)
+    for name in ("coordinate.csv", "coordinate_summary.csv", "coordinate_effects.csv"):
+        assert (tmp_path / "1" / name).read_bytes() == (tmp_path / "2" / name).read_bytes()
+    assert (tmp_path / "1" / "coordinate.csv").read_bytes() != (tmp_path / "3" / "coordinate.csv").read_bytes()
+
+
+# ----------------------------------------------------------------------- bad input
+def test_bad_input_raises_clear_errors(world):
+    data, A = world["data"], world["A"]
+    with pytest.raises(ValueError, match="unknown protocol 'figure9'"):
+        ex.run_protocol("figure9", data)
+    with pytest.raises(ValueError, match="unknown anchor model 'kmeans'"):
+        ex.budget(data, A, "a", models=["kmeans"], progress=False)
+    with pytest.raises(ValueError, match="unknown model 'nope'"):
+        ex.coordinate(data, A, world["B"], "a", "b", models=["nope"], progress=False)
+    with pytest.raises(ValueError, match="anchors is empty"):
+        ex.budget(data, np.zeros((0, D)), "a", progress=False)
+    with pytest.raises(ValueError, match="labels 'a' has 5 entries but embeddings has 72 rows"):
+        EvalData.create(data.embeddings, {"a": np.arange(5)})
+    with pytest.raises(ValueError, match="unknown factor 'colour'"):
+        ex.budget(data, A, "colour", progress=False)
+    with pytest.raises(ValueError, match="budget 99 exceeds the 12 anchors"):
+        ex.budget(data, A, "a", budgets=[2, 99], progress=False)
+    with pytest.raises(ValueError, match="dimension 3"):
+        ex.table(data, {"A": (ad.AnchorSet(np.eye(3)), "a")}, progress=False)
+    with pytest.raises(ValueError, match="need a temperature"):
+        ex.budget(EvalData.create(data.embeddings, data.labels), A, "a", progress=False)
+
+
+# ----------------------------------------------------------------------------- CLI
+@pytest.fixture
+def cli_files(world, tmp_path):
+    import pandas as pd
+
+    data = world["data"]
+    coll = tmp_path / "coll.parquet"
+    pd.DataFrame({"embedding": list(data.embeddings.astype(np.float32)), "a": data.labels["a"],
+                  "b": data.labels["b"]}).to_parquet(coll)
+    a_npy, b_npy = tmp_path / "A.npy", tmp_path / "B.npy"
+    np.save(a_npy, world["A"].embeddings.numpy())
+    np.save(b_npy, world["B"].embeddings.numpy())
+    return coll, a_npy, b_npy
+
+
+def test_eval_command(cli_files, tmp_path):
+    from click.testing import CliRunner
+
+    from anchordiv.experiments.cli import eval_command
+
+    coll, a_npy, b_npy = cli_files
+    runner = CliRunner()
+    out = tmp_path / "out"
+    r = runner.invoke(eval_command(), ["budget", str(coll), "--anchors", str(a_npy), "--factor", "a", "--tau", "0.1",
+                                       "--budgets", "2,12", "--draws", "2", "--model", "softmax,gaussian",
+                                       "--n-boot", "50", "--out", str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "few anchors (n = 2)" in r.output
+    header, rows = _read(out / "budget_summary.csv")
+    assert {row[0] for row in rows} == {"softmax", "gaussian", "cosine", "iti"}
+    r = runner.invoke(eval_command(), ["coordinate", str(coll), "--anchors", str(a_npy), "--factor", "a",
+                                       "--tau", "0.1", "--out", str(out)])
+    assert r.exit_code == 2 and "coordinate takes exactly 2 --anchors, got 1" in r.output
+    r = runner.invoke(eval_command(), ["figure9", str(coll), "--out", str(out)])
+    assert r.exit_code == 2 and "figure9" in r.output
