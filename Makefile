@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TORCH ?= torch==2.13.0
 OPEN_CLIP ?= open_clip_torch==3.3.0 ftfy wcwidth torchvision==0.16.2 requests urllib3 charset-normalizer certifi
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench experiments clean
 
 setup: $(VENV)/.installed
 
@@ -28,6 +28,13 @@ test: setup
 
 bench: setup
 	$(PY) benchmarks/run.py
+
+# The paper's experiments on offline data (docs/results/); needs Debian's wordnet-base.
+experiments: setup
+	$(PY) scripts/scene_demo.py
+	$(PY) scripts/rotten_tomatoes.py
+	$(PY) scripts/wordnet_adaptation.py
+	$(PY) scripts/wordnet_adaptation.py --broad-root 00001740 --out docs/results/wordnet_adaptation_all_nouns
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

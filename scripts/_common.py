@@ -35,7 +35,9 @@ def parser(description: str, run: str) -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"data folder (default: {DEFAULT_DATA})")
     p.add_argument("--out", type=Path, default=RESULTS / run, help=f"results folder (default: docs/results/{run})")
     p.add_argument("--encoder", default="minilm", help="encoder spec (default: minilm)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default: 1; on a busy machine several threads can make small "
+                        "LAPACK calls such as eigh 100 times slower)")
     p.add_argument("--seed", type=int, default=0, help="seed of every draw (default: 0)")
     p.add_argument("--only", nargs="+", default=None, help="run only these protocols")
     return p
@@ -91,32 +93,39 @@ class RunLog:
     def __init__(self, out: Path, name: str, argv: Sequence[str]):
         self.out, self.name, self.t0 = out, name, time.perf_counter()
         self.info: dict[str, Any] = {"run": name, "command": "python " + " ".join(argv), "protocols": {}}
-        self.commands: list[str] = []
+        self.commands: list[tuple[str, str]] = []
         out.mkdir(parents=True, exist_ok=True)
 
     def add(self, key: str, result: Any, cli: str | None = None) -> None:
         self.info["protocols"][key] = {"seconds": round(result.seconds, 1),
-                                       "verdicts": result.config.get("verdicts", []),
-                                       "effects": _short(result.effects)}
+                                       "verdicts": result.config.get("verdicts", [])}
         if cli:
-            self.commands.append(f"# {key}\n{cli}")
+            self.commands.append((key, cli))
         print(f"[{self.name}] {key}: {result.seconds:.1f} s", flush=True)
         for v in result.config.get("verdicts", []):
             print(f"    {v}", flush=True)
 
     def write(self, **facts: Any) -> None:
+        """Write ``run.json`` and ``commands.md``, keeping the entries of protocols not rerun this time."""
+        path = self.out / "run.json"
+        old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        protocols = {**old.get("protocols", {}), **self.info["protocols"]}
+        commands = {**old.get("eval_commands", {}), **dict(self.commands)}
         self.info.update(facts)
-        self.info["total_seconds"] = round(time.perf_counter() - self.t0, 1)
-        (self.out / "run.json").write_text(json.dumps(self.info, indent=2, default=str) + "\n", encoding="utf-8")
-        if self.commands:
+        self.info["protocols"] = protocols
+        self.info["eval_commands"] = commands
+        self.info["seconds_this_invocation"] = round(time.perf_counter() - self.t0, 1)
+        self.info["protocol_seconds_total"] = round(sum(p["seconds"] for p in protocols.values()), 1)
+        path.write_text(portable(json.dumps(self.info, indent=2, default=str, ensure_ascii=False)) + "\n",
+                        encoding="utf-8")
+        if commands:
             (self.out / "commands.md").write_text(
                 "# Equivalent `anchordiv eval` commands\n\nThe script runs the protocols through the Python API; "
                 "these commands run the same protocols on the same prepared data (folders under the script's "
-                "`--data`).\n\n```bash\n" + "\n\n".join(self.commands) + "\n```\n", encoding="utf-8")
+                "`--data`, here the default).\n\n```bash\n"
+                + "\n\n".join(f"# {k}\n{portable(v)}" for k, v in commands.items()) + "\n```\n", encoding="utf-8")
 
 
-def _short(effects: Sequence[Mapping[str, Any]]) -> list:
-    keep = []
-    for e in effects:
-        keep.append({k: (round(v, 4) if isinstance(v, float) else v) for k, v in e.items()})
-    return keep
+def portable(text: str) -> str:
+    """``text`` with the checkout path dropped and the home folder written as ``~``."""
+    return text.replace(str(ROOT) + os.sep, "").replace(str(Path.home()), "~")

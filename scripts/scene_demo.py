@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                               f"--model {','.join(models)} --per-value --draws 5 --anchor-fraction 0.8 "
                               f"--out {args.out / 'table'}")
     if "runtime" in run:
-        res = ex.runtime(n_anchors=[256, 1024, 4096], n_queries=200, n_gallery=2000, repeats=2,
+        res = ex.runtime(n_anchors=[256, 1024, 4096, 8192], n_queries=500, n_gallery=5000, repeats=2,
                          out_dir=args.out / "runtime", progress=False)
-        log.add("runtime", res, "anchordiv eval runtime --n-anchors 256,1024,4096 --queries 200 --gallery 2000 "
+        log.add("runtime", res, "anchordiv eval runtime --n-anchors 256,1024,4096,8192 --queries 500 --gallery 5000 "
                                 f"--repeats 2 --out {args.out / 'runtime'}")
     log.write(encoder=enc.name, tau=tau, n_items=len(texts), data=str(folder),
               anchors={k: len(v) for k, v in A.items()}, broad=len(broad))

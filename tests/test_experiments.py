@@ -95,6 +95,14 @@ def test_score_matches_exclude_self(world):
         assert got[i] == pytest.approx(mean_average_precision(row, rel[None]).mean)
 
 
+def test_noise_level_differences_are_ties(world):
+    # one anchor: the softmax divergence is 0 for every pair, so every key ties and AP = prevalence
+    data = world["data"]
+    g = ad.Softmax(tau=TAU).fit(world["A"].subsample(1, seed=0))
+    ap = score(g, data, ["a"])["a"]
+    np.testing.assert_allclose(ap, 17 / 71)  # 18 items per value of a, the query itself excluded
+
+
 # ----------------------------------------------------------------------- protocols
 def test_coordinate_direction_and_files(world, tmp_path):
     res = ex.coordinate(world["data"], world["A"], world["B"], "a", "b", models=["softmax", "gaussian"],
@@ -167,7 +175,8 @@ def test_runtime_runs_the_benchmark(tmp_path):
     assert all(r["seconds"] > 0 for r in res.rows)
     _check_files(res, tmp_path, {
         "rows": ["model", "n_anchors", "n_queries", "n_gallery", "seconds", "fit_s", "search_s", "samples"],
-        "effects": ["model", "n_small", "n_large", "seconds_small", "seconds_large", "growth"]})
+        "effects": ["model", "n_small", "n_large", "seconds_small", "seconds_large", "growth", "fit_growth",
+                    "search_growth"]})
     with pytest.raises(FileNotFoundError, match="bench_scaling"):
         ex.runtime(bench_dir=tmp_path, n_anchors=[8], progress=False)
 
@@ -240,5 +249,8 @@ def test_eval_command(cli_files, tmp_path):
     r = runner.invoke(eval_command(), ["coordinate", str(coll), "--anchors", str(a_npy), "--factor", "a",
                                        "--tau", "0.1", "--out", str(out)])
     assert r.exit_code == 2 and "coordinate takes exactly 2 --anchors, got 1" in r.output
+    r = runner.invoke(eval_command(), ["budget", str(coll), "--anchors", str(a_npy), "--factor", "a",
+                                       "--model", "kmeans", "--out", str(out)])
+    assert r.exit_code == 2 and "unknown model 'kmeans'" in r.output
     r = runner.invoke(eval_command(), ["figure9", str(coll), "--out", str(out)])
     assert r.exit_code == 2 and "figure9" in r.output

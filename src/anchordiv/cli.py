@@ -1006,6 +1006,15 @@ def demo(out_dir: str, seed: int, n: int, k: int, n_queries: int, encoder: str, 
         click.echo("tables: " + ", ".join(str(p) for p in tables.values()))
 
 
+def _register_eval() -> None:
+    from .experiments.cli import eval_command
+
+    cli.add_command(eval_command())
+
+
+_register_eval()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``anchordiv`` console script.
 

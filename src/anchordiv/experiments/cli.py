@@ -201,10 +201,12 @@ def eval_command() -> Any:
                   help="runtime: the repository's benchmarks/ folder (found automatically in a checkout).")
     @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
     @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
+    @click.option("--threads", type=click.IntRange(min=1), default=None,
+                  help="Torch threads (1 avoids slow small LAPACK calls on a busy machine).")
     def eval_cmd(protocol, collection, anchor_specs, factors, broad_spec, models, baselines, budgets, proportions,
                  n_components, draws, anchor_fraction, per_value, values, gmm_components, rank, params, tau, encoder,
                  device, split_column, max_queries, seed, n_boot, n_anchors, n_queries, n_gallery, repeats, bench_dir,
-                 out_dir, progress):
+                 out_dir, progress, threads):
         """Rerun one of the paper's experiments on a labelled collection.
 
         PROTOCOL is coordinate (Fig. 3), budget (Figs. 4, 6), adaptation (Fig. 5),
@@ -215,8 +217,20 @@ def eval_command() -> Any:
         from . import protocols as P
         from .core import EvalData
 
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+
         model_list = _models(models)
         base_list = _models(baselines)
+        from .core import ALL_MODELS
+
+        for opt_name, names in (("--model", model_list), ("--baseline", base_list)):
+            for m in names or []:
+                if m not in ALL_MODELS:
+                    raise click.BadParameter(f"unknown model {m!r}; choose from {', '.join(ALL_MODELS)}",
+                                             param_hint=opt_name)
         mp = _model_params(params, gmm_components, rank)
         common = {"out_dir": out_dir, "progress": progress}
         if protocol == "runtime":

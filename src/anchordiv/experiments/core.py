@@ -363,13 +363,38 @@ def min_anchors(name: str) -> int:
 
 
 # ------------------------------------------------------------------------- scoring
-def _distances(geometry: Any, Q: np.ndarray, K: np.ndarray, key_terms: Any | None) -> tuple[np.ndarray, Any]:
-    """Distances of a block of queries to all keys, reusing the key feature map."""
+def _distances(geometry: Any, Q: np.ndarray, K: np.ndarray, key_terms: Any | None
+               ) -> tuple[np.ndarray, np.ndarray, Any]:
+    """Distances of a block of queries to all keys through the feature maps, and their term scale.
+
+    ``D = o[:, None] - φ ψᵀ`` (the geometry's inner-product form); the scale of row i is
+    ``|o_i| + max_j |φ_i·ψ_j|``, the size of the terms whose difference is the distance.
+    """
     if key_terms is None:
         key_terms = np.asarray(geometry.key_features(K), dtype=np.float64)
     off = np.asarray(geometry.query_offsets(Q), dtype=np.float64)
     phi = np.asarray(geometry.query_features(Q), dtype=np.float64)
-    return off[:, None] - phi @ key_terms.T, key_terms
+    inner = phi @ key_terms.T
+    scale = np.abs(off) + np.abs(inner).max(axis=1)
+    return off[:, None] - inner, scale, key_terms
+
+
+#: Significant digits kept, relative to the size of the terms of each query's distances.
+TIE_DIGITS = 9
+
+
+def _merge_noise_ties(D: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Round row i of ``D`` to multiples of ``scale[i]·10^-TIE_DIGITS``.
+
+    ``scale`` is the size of the terms whose difference gives the distances, so values
+    that differ only by floating-point cancellation noise become exact ties, which
+    average precision ranks as a block instead of in an order set by rounding (a softmax
+    geometry of one anchor is 0 for every pair; a rank-1 latent spherical geometry
+    takes two values).
+    """
+    s = scale.copy()
+    s[~(s > 0)] = 1.0
+    return np.round(D / s[:, None], TIE_DIGITS)
 
 
 def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.ndarray | None = None,
@@ -397,6 +422,10 @@ def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.nda
 
     Notes
     -----
+    Each query's distances are first rounded to 9 digits relative to the size of the
+    terms they are computed from (:func:`_merge_noise_ties`), so that distances equal up
+    to floating-point noise are ties, ranked as a block by average precision rather than
+    in an order set by rounding.
     When the queries are the keys, this equals
     ``mean_average_precision(D, R, exclude_self=True).per_query``; otherwise the pair
     (i, i) is dropped by giving it an infinite distance and no relevance, which leaves
@@ -409,13 +438,14 @@ def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.nda
     K = X[k_idx]
     out = {f: np.empty(q_idx.size) for f in factors}
     square = q_idx.shape == k_idx.shape and bool(np.array_equal(q_idx, k_idx))
-    step = q_idx.size if square and q_idx.size * k_idx.size <= chunk_elements else \
+    step = q_idx.size if q_idx.size * k_idx.size <= chunk_elements else \
         max(1, chunk_elements // max(1, k_idx.size))
     key_terms = None
     key_pos = {int(r): j for j, r in enumerate(k_idx)}
     for start in range(0, q_idx.size, step):
         rows = q_idx[start:start + step]
-        D, key_terms = _distances(geometry, X[rows], K, key_terms)
+        D, term_scale, key_terms = _distances(geometry, X[rows], K, key_terms)
+        D = _merge_noise_ties(D, term_scale)
         self_cols = np.array([key_pos.get(int(r), -1) for r in rows])
         has_self = self_cols >= 0
         whole = square and rows.size == q_idx.size
@@ -706,5 +736,20 @@ def environment() -> dict:
 
     from .. import __version__
 
-    return {"anchordiv": __version__, "numpy": np.__version__, "torch": torch.__version__,
-            "python": platform.python_version(), "torch_threads": torch.get_num_threads()}
+    return {"anchordiv": __version__, "source_sha256": source_fingerprint(), "numpy": np.__version__,
+            "torch": torch.__version__, "python": platform.python_version(), "torch_threads": torch.get_num_threads()}
+
+
+def source_fingerprint() -> str:
+    """First 12 hex digits of a SHA-256 over the package's ``.py`` files (paths and contents).
+
+    Identifies the code that produced a result when the package version does not change.
+    """
+    import hashlib
+
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
