@@ -9,7 +9,9 @@ at several operating points (its search-time parameters).
 from __future__ import annotations
 
 import gc
+import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -20,13 +22,16 @@ import numpy as np
 import benchlib as bl
 
 K = 10
+WORKER_TIMEOUT_S = 1800.0
 FULL = {
     "G": 200_000, "Q": 1_000, "N": 2 ** 10, "repeats": 3, "models": ["softmax", "gaussian"],
     "indexes": {
         "faiss HNSW": {"backend": "faiss", "build": {"index_type": "hnsw", "M": 32, "ef_construction": 64},
-                       "points": [{"ef_search": 64}, {"ef_search": 128}, {"ef_search": 256}]},
+                       "points": [{"ef_search": 64}, {"ef_search": 128}, {"ef_search": 256},
+                                  {"ef_search": 256, "shortlist": 256}, {"ef_search": 512, "shortlist": 256}]},
         "faiss IVF": {"backend": "faiss", "build": {"index_type": "ivf", "nlist": 1024},
-                      "points": [{"nprobe": 8}, {"nprobe": 32}, {"nprobe": 128}]},
+                      "points": [{"nprobe": 8}, {"nprobe": 32}, {"nprobe": 128},
+                                 {"nprobe": 32, "shortlist": 256}, {"nprobe": 128, "shortlist": 256}]},
         "milvus-lite IVF_FLAT": {"backend": "milvus", "build": {"index_type": "IVF_FLAT", "nlist": 1024},
                                  "points": [{"nprobe": 16}, {"nprobe": 64}], "queries": 100},
     },
@@ -54,15 +59,69 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
     return float(np.mean([len(set(f) & set(t)) / truth.shape[1] for f, t in zip(found.tolist(), truth.tolist())]))
 
 
+def make_inputs(cfg: dict):
+    """(anchors, queries, gallery) of a configuration; the same in every process."""
+    world = bl.World()
+    return (bl.make_vectors(cfg["N"], "anchors", world=world), bl.make_vectors(cfg["Q"], "index_queries", world=world),
+            bl.make_vectors(cfg["G"], "index_gallery", world=world))
+
+
+def evaluate(model, model_name: str, spec: dict, Q, G, truth: np.ndarray, exact_qps: float, cfg: dict,
+             scratch: Path) -> dict:
+    """Build one approximate index and search it at each of its operating points."""
+    from anchordiv.index import Index
+
+    build = dict(spec["build"])
+    if spec["backend"] == "milvus":
+        build.update(uri=str(scratch / f"{model_name}.db"), collection_name=model_name)
+    t0 = time.perf_counter()
+    index = Index(model, backend=spec["backend"], **build).add(G)
+    build_s = time.perf_counter() - t0
+    n_q = spec.get("queries", cfg["Q"])
+    points = []
+    for point in spec["points"]:
+        set_search_params(index, **point)
+        m = bl.measure(lambda: index.search(Q[:n_q], k=K), repeats=cfg["repeats"])
+        qps = n_q / m["seconds"]
+        points.append({"params": point, "queries": n_q, "recall": recall_at_k(m["result"][1], truth[:n_q]), "qps": qps,
+                       "speedup": qps / exact_qps, "search_s": m["seconds"], "samples": m["samples"]})
+    result = {"build": spec["build"], "build_s": build_s, "points": points, "shortlist": index.params.get("shortlist")}
+    if spec["backend"] == "milvus":
+        index.close()
+    return result
+
+
+def worker(mode: str, model_name: str, label: str, scratch: str) -> dict:
+    """One index in this process (milvus-lite keeps its memory until the process exits)."""
+    import anchordiv as ad
+
+    cfg = QUICK if mode == "quick" else FULL
+    anchors, Q, G = make_inputs(cfg)
+    model = ad.make_model(model_name, **bl.MODEL_PARAMS[model_name]).fit(anchors)
+    ref = np.load(Path(scratch) / f"exact_{model_name}.npz")
+    return evaluate(model, model_name, cfg["indexes"][label], Q, G, ref["ids"], float(ref["qps"]), cfg, Path(scratch))
+
+
+def spawn(mode: str, model_name: str, label: str, scratch: Path) -> dict:
+    cmd = [sys.executable, __file__, "--worker", mode, model_name, label, str(scratch)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {WORKER_TIMEOUT_S:.0f} s"}
+    if proc.returncode == -9:
+        return {"error": "worker killed by SIGKILL (on Linux usually the out-of-memory killer)"}
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        return {"error": f"worker failed (exit status {proc.returncode}): {tail}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run(quick: bool = False, log=print) -> dict:
     import anchordiv as ad
     from anchordiv.index import Index
 
     cfg = QUICK if quick else FULL
-    world = bl.World()
-    anchors = bl.make_vectors(cfg["N"], "anchors", world=world)
-    Q = bl.make_vectors(cfg["Q"], "index_queries", world=world)
-    G = bl.make_vectors(cfg["G"], "index_gallery", world=world)
+    anchors, Q, G = make_inputs(cfg)
     scratch = Path(tempfile.mkdtemp(prefix="anchordiv-bench-"))
     results, rows, targets = {}, [], []
     try:
@@ -74,6 +133,7 @@ def run(quick: bool = False, log=print) -> dict:
             m = bl.measure(lambda: exact.search(Q, k=K), repeats=cfg["repeats"])
             truth = m["result"][1]
             exact_qps = cfg["Q"] / m["seconds"]
+            np.savez(scratch / f"exact_{model_name}.npz", ids=truth, qps=exact_qps)
             results[model_name] = {"exact": {"build_s": exact_build, "search_s": m["seconds"], "qps": exact_qps,
                                              "samples": m["samples"]}}
             rows.append([model_name, "exact", "—", bl.fmt_s(exact_build), "—", "1.000", f"{exact_qps:,.0f}", "1.0×"])
@@ -81,38 +141,27 @@ def run(quick: bool = False, log=print) -> dict:
             del exact
             gc.collect()
             for label, spec in cfg["indexes"].items():
-                build = dict(spec["build"])
                 if spec["backend"] == "milvus":
-                    build.update(uri=str(scratch / f"{model_name}.db"), collection_name=model_name)
-                t0 = time.perf_counter()
-                try:
-                    index = Index(model, backend=spec["backend"], **build).add(G)
-                except Exception as exc:  # report a backend that cannot run here instead of stopping the suite
-                    results[model_name][label] = {"error": f"{type(exc).__name__}: {exc}"}
-                    rows.append([model_name, label, "—", "error", "—", "—", "—", str(exc)[:80]])
-                    log(f"  index {model_name} {label}: {type(exc).__name__}: {exc}")
+                    r = spawn("quick" if quick else "full", model_name, label, scratch)
+                else:
+                    try:
+                        r = evaluate(model, model_name, spec, Q, G, truth, exact_qps, cfg, scratch)
+                    except Exception as exc:  # report a backend that cannot run here instead of stopping the suite
+                        r = {"error": f"{type(exc).__name__}: {exc}"}
+                    gc.collect()
+                results[model_name][label] = r
+                if "error" in r:
+                    rows.append([model_name, label, "—", "error", "—", "—", "—", r["error"][:100]])
+                    log(f"  index {model_name} {label}: {r['error']}")
                     continue
-                build_s = time.perf_counter() - t0
-                points = []
-                n_q = spec.get("queries", cfg["Q"])
-                for point in spec["points"]:
-                    set_search_params(index, **point)
-                    m = bl.measure(lambda: index.search(Q[:n_q], k=K), repeats=cfg["repeats"])
-                    rec = recall_at_k(m["result"][1], truth[:n_q])
-                    qps = n_q / m["seconds"]
-                    points.append({"params": point, "queries": n_q, "recall": rec, "qps": qps, "speedup": qps / exact_qps,
-                                   "search_s": m["seconds"], "samples": m["samples"]})
-                    shown = ", ".join(f"{k}={v}" for k, v in point.items())
+                for p in r["points"]:
+                    shown = ", ".join(f"{k}={v}" for k, v in p["params"].items())
+                    qps = p["qps"]
                     rows.append([model_name, label, ", ".join(f"{k}={v}" for k, v in spec["build"].items()),
-                                 bl.fmt_s(build_s), shown + ("" if n_q == cfg["Q"] else f" ({n_q} queries)"),
-                                 f"{rec:.3f}", f"{qps:,.1f}" if qps < 10 else f"{qps:,.0f}", f"{qps / exact_qps:.2g}×"])
-                    log(f"  index {model_name} {label} {shown}: recall@10 {rec:.3f}, {qps:,.0f} q/s ({qps / exact_qps:.1f}× exact)")
-                results[model_name][label] = {"build": spec["build"], "build_s": build_s, "points": points,
-                                              "shortlist": index.params.get("shortlist")}
-                if spec["backend"] == "milvus":
-                    index.close()
-                del index
-                gc.collect()
+                                 bl.fmt_s(r["build_s"]), shown + ("" if p["queries"] == cfg["Q"] else f" ({p['queries']} queries)"),
+                                 f"{p['recall']:.3f}", f"{qps:,.1f}" if qps < 10 else f"{qps:,.0f}", f"{p['speedup']:.2g}×"])
+                    log(f"  index {model_name} {label} {shown}: recall@10 {p['recall']:.3f}, {qps:,.1f} q/s "
+                        f"({p['speedup']:.2g}× exact)")
             del model
             gc.collect()
     finally:
@@ -127,7 +176,8 @@ The approximate backends re-rank a shortlist (default max(4k, 64) = 64 candidate
 Recall@10 is against the exact backend's top-10; queries/s is |Q| / (median time of `index.search(Q, k=10)`
 over {cfg['repeats']} calls after a warm-up), including the query feature maps; exact throughput is measured
 in the same run. Build time includes the key feature maps. An index marked "(n queries)" was searched with the
-first n queries only (milvus-lite answers too slowly for all of them); its recall and queries/s are over those. {bl.machine()['threads']} torch threads; faiss uses its own OpenMP threads.
+first n queries only (milvus-lite answers too slowly for all of them); its recall and queries/s are over those.
+milvus-lite runs in its own process per model: it keeps its memory (≈ 8 GiB for 200k 512-d keys) until the process exits. {bl.machine()['threads']} torch threads; faiss uses its own OpenMP threads.
 
 {bl.table(['model', 'index', 'build params', 'build', 'search params', 'recall@10', 'queries/s', 'vs exact'], rows)}
 """
@@ -155,4 +205,7 @@ first n queries only (milvus-lite answers too slowly for all of them); its recal
 
 
 if __name__ == "__main__":
-    print(run(quick="--quick" in sys.argv)["markdown"])
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        print(json.dumps(worker(*sys.argv[2:6])))
+    else:
+        print(run(quick="--quick" in sys.argv)["markdown"])

@@ -25,6 +25,13 @@ ROOT = HERE.parent
 if str(ROOT / "src") not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT / "src"))
 
+import anchordiv.models.base  # noqa: E402
+import anchordiv.search  # noqa: E402
+
+# no progress bars in benchmark output
+anchordiv.models.base.PROGRESS_FLOPS = float("inf")
+anchordiv.search.PROGRESS_WORK = float("inf")
+
 #: Embedding dimension of every benchmark (CLIP ViT-B/32 and ViT-B/16).
 DIM = 512
 #: Temperature of every anchor model (CLIP's logit scale 100).

@@ -4,6 +4,8 @@
 
 NAME is one of: scaling, naive, roofline, index. ``--quick`` uses small sizes (a smoke
 run of a few minutes); the full suite uses the sizes in each benchmark's FULL.
+``results/summary.md`` lists the targets of the last run of every benchmark; quick runs
+write to ``results/quick/`` instead.
 """
 
 from __future__ import annotations
@@ -30,43 +32,58 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), metavar="NAME",
                         help=f"run only these benchmarks ({', '.join(BENCHMARKS)})")
     args = parser.parse_args(argv)
-    names = args.only or list(BENCHMARKS)
+    names = [n for n in BENCHMARKS if n in (args.only or BENCHMARKS)]
+    if args.quick:  # quick results never overwrite the full ones
+        bl.RESULTS = bl.RESULTS / "quick"
 
     def log(msg: str) -> None:
         print(msg, flush=True)
 
     start = time.perf_counter()
-    sections, targets, timings = [], [], {}
+    sections = []
     for name in names:
         log(f"== {name}{' (quick)' if args.quick else ''}")
         t0 = time.perf_counter()
         out = importlib.import_module(BENCHMARKS[name]).run(quick=args.quick, log=log)
-        timings[name] = time.perf_counter() - t0
-        log(f"== {name}: {timings[name]:.0f} s")
+        seconds = time.perf_counter() - t0
+        log(f"== {name}: {seconds:.0f} s")
+        path = bl.RESULTS / f"{name}.json"
+        record = json.loads(path.read_text())
+        record.update(mode="quick" if args.quick else "full", wall_s=seconds)
+        path.write_text(json.dumps(record, indent=2, default=str) + "\n")
         sections.append(out["markdown"])
-        targets += [{"benchmark": name, **t} for t in out["targets"]]
     total = time.perf_counter() - start
-
-    mode = "quick" if args.quick else "full"
-    summary = (f"# Benchmark summary ({mode} run)\n\n"
-               f"Command: `.venv/bin/python benchmarks/run.py{' --quick' if args.quick else ''}"
-               f"{' --only ' + ' '.join(names) if args.only else ''}`  \n"
-               f"Machine: {bl.machine()['platform']}, {bl.machine()['cpus']} CPUs, torch {bl.machine()['torch']} "
-               f"({bl.machine()['threads']} threads).  \n"
-               f"Total runtime: {total:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + ").\n\n"
-               "## Targets\n\n"
-               + bl.table(["benchmark", "target", "status", "measured", "note"],
-                          [[t["benchmark"], t["target"], f"**{t['status']}**", t["measured"], t["note"]] for t in targets])
-               + "\n")
-    bl.RESULTS.mkdir(parents=True, exist_ok=True)
-    suffix = "" if not args.only else "-" + "-".join(names)
-    (bl.RESULTS / f"summary{suffix}.md").write_text(summary)
-    (bl.RESULTS / f"summary{suffix}.json").write_text(json.dumps(
-        {"mode": mode, "benchmarks": names, "total_s": total, "seconds": timings, "targets": targets,
-         "machine": bl.machine()}, indent=2) + "\n")
+    summary = write_summary()
     log("\n\n".join(sections))
     log(summary)
+    log(f"This run: {total:.0f} s.")
     return 0
+
+
+def write_summary() -> str:
+    """results/summary.md and .json: every target of the last run of each benchmark."""
+    rows, runs, targets = [], [], []
+    for name in BENCHMARKS:
+        path = bl.RESULTS / f"{name}.json"
+        if not path.exists():
+            continue
+        record = json.loads(path.read_text())
+        runs.append(f"{name} ({record.get('mode', '?')}, {record.get('wall_s', float('nan')):.0f} s)")
+        for t in record["targets"]:
+            targets.append({"benchmark": name, **t})
+            rows.append([name, t["target"], f"**{t['status']}**", t["measured"], t["note"]])
+    total = sum(json.loads((bl.RESULTS / f"{n}.json").read_text()).get("wall_s", 0.0)
+                for n in BENCHMARKS if (bl.RESULTS / f"{n}.json").exists())
+    m = bl.machine()
+    text = ("# Benchmark summary\n\n"
+            "Command: `.venv/bin/python benchmarks/run.py [--quick] [--only NAME ...]`  \n"
+            f"Machine: {m['platform']}, {m['cpus']} CPUs, torch {m['torch']} ({m['threads']} threads).  \n"
+            f"Last run of each benchmark: {', '.join(runs)}; {total:.0f} s in all.\n\n"
+            "## Targets\n\n" + bl.table(["benchmark", "target", "status", "measured", "note"], rows) + "\n")
+    (bl.RESULTS / "summary.md").write_text(text)
+    (bl.RESULTS / "summary.json").write_text(json.dumps({"runs": runs, "total_s": total, "targets": targets,
+                                                          "machine": m}, indent=2) + "\n")
+    return text
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..anchors import AnchorSet
-from .base import EuclideanModel, weighted_mean_cov
+from .base import EuclideanModel, symmetric_eigh, weighted_mean_cov
 from .posterior import NormalInverseWishart, PosteriorMixin, check_positive, niw_update, target_counts
 
 
@@ -114,7 +114,7 @@ class Gaussian(PosteriorMixin, EuclideanModel):
 
     def _derived(self, name: str) -> torch.Tensor:
         if name == "derived:sqrt_cov":
-            values, vectors = torch.linalg.eigh(self.covariance_)
+            values, vectors = symmetric_eigh(self.covariance_)
             return vectors * values.clamp_min(0).sqrt()
         return super()._derived(name)
 

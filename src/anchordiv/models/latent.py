@@ -12,7 +12,7 @@ import math
 
 from ..anchors import AnchorSet
 from ..special import bessel_ratio, log_vmf_normalizer
-from .base import EuclideanModel, weighted_mean_cov
+from .base import EuclideanModel, symmetric_eigh, weighted_mean_cov
 from .posterior import MatrixBingham, PosteriorMixin, check_positive
 
 
@@ -36,7 +36,7 @@ def select_rank(eigenvalues: torch.Tensor, rank: int | float, dim: int) -> int:
 
 def principal_subspace(cov: torch.Tensor, rank: int | float) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Top eigenvectors of a covariance: (components (k, d), all eigenvalues descending, k)."""
-    eigenvalues, eigenvectors = torch.linalg.eigh(cov)
+    eigenvalues, eigenvectors = symmetric_eigh(cov)
     eigenvalues, eigenvectors = eigenvalues.flip(0), eigenvectors.flip(1)
     if float(eigenvalues.clamp_min(0).sum()) <= 0:
         raise ValueError("The anchors have zero variance (all identical); a subspace needs at least 2 distinct anchors.")

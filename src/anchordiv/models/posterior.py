@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..anchors import AnchorSet
-from .base import AnchorModel, Geometry, NotFittedError
+from .base import AnchorModel, Geometry, NotFittedError, symmetric_eigh
 
 __all__ = [
     "NormalInverseWishart", "niw_update", "MatrixBingham", "dirichlet_update",
@@ -237,7 +237,7 @@ class MatrixBingham:
         d = self.parameter.shape[0]
         if not 1 <= int(k) <= d:
             raise ValueError(f"k={k} must be in [1, {d}].")
-        values, vectors = torch.linalg.eigh(self.parameter)
+        values, vectors = symmetric_eigh(self.parameter)
         values, vectors = values.flip(0), vectors.flip(1)
         return vectors[:, : int(k)].T.contiguous(), values
 
