@@ -3,6 +3,18 @@ import pytest
 import torch
 
 
+#: Small-data parameters of every geometry in the registry, shared by the search and index tests.
+GEOMETRY_PARAMS = {
+    "softmax": dict(tau=0.05),
+    "gaussian": dict(tau=0.05),
+    "gmm": dict(tau=0.05, n_components=2),
+    "latent_gaussian": dict(tau=0.05, rank=4),
+    "latent_spherical": dict(tau=0.05, rank=4),
+    "cosine": {},
+    "iti": {},
+}
+
+
 def unit_rows(rng, n, d, center=None, spread=1.0):
     """Random unit vectors, optionally concentrated around ``center``."""
     X = rng.normal(size=(n, d)) * spread

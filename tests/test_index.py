@@ -11,22 +11,14 @@ import torch
 import anchordiv as ad
 from anchordiv.index import Index
 
-from conftest import unit_rows
+from conftest import GEOMETRY_PARAMS, unit_rows
 
 HAS_FAISS = importlib.util.find_spec("faiss") is not None
 HAS_MILVUS = importlib.util.find_spec("pymilvus") is not None and importlib.util.find_spec("milvus_lite") is not None
 needs_faiss = pytest.mark.skipif(not HAS_FAISS, reason="needs faiss-cpu (pip install faiss-cpu)")
 needs_milvus = pytest.mark.skipif(not HAS_MILVUS, reason="needs pymilvus and milvus-lite (pip install pymilvus milvus-lite)")
 
-PARAMS = {
-    "softmax": dict(tau=0.05),
-    "gaussian": dict(tau=0.05),
-    "gmm": dict(tau=0.05, n_components=2),
-    "latent_gaussian": dict(tau=0.05, rank=4),
-    "latent_spherical": dict(tau=0.05, rank=4),
-    "cosine": {},
-    "iti": {},
-}
+PARAMS = GEOMETRY_PARAMS
 ANN_MODELS = ["softmax", "gaussian", "latent_spherical", "cosine"]
 N_GALLERY = 60
 

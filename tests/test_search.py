@@ -6,17 +6,9 @@ import torch
 
 import anchordiv as ad
 
-from conftest import unit_rows
+from conftest import GEOMETRY_PARAMS, unit_rows
 
-PARAMS = {
-    "softmax": dict(tau=0.05),
-    "gaussian": dict(tau=0.05),
-    "gmm": dict(tau=0.05, n_components=2),
-    "latent_gaussian": dict(tau=0.05, rank=4),
-    "latent_spherical": dict(tau=0.05, rank=4),
-    "cosine": {},
-    "iti": {},
-}
+PARAMS = GEOMETRY_PARAMS
 
 
 def reference_topk(D, k, exclude_self=False):

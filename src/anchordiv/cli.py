@@ -329,6 +329,12 @@ class _Queries:
         self.kinds: list[str] = []
         self.rows: list[int | None] = []
 
+    def add(self, vector: Any, label: str, kind: str, row: int | None = None) -> None:
+        self.vectors.append(vector)
+        self.labels.append(label)
+        self.kinds.append(kind)
+        self.rows.append(row)
+
 
 def _gather_queries(collection: Any, ids: Sequence[str], texts: Sequence[str], images: Sequence[str],
                     encoder: LazyEncoder | None, dim: int | None) -> _Queries:
@@ -341,24 +347,15 @@ def _gather_queries(collection: Any, ids: Sequence[str], texts: Sequence[str], i
         if collection is None:
             raise click.UsageError("--query-id needs a collection")
         for r in _find_rows(collection, ids):
-            q.vectors.append(np.asarray(collection.embeddings[r], dtype=np.float32))
-            q.labels.append(f"#{r} {_describe_row(collection, r)}")
-            q.kinds.append("id")
-            q.rows.append(r)
+            q.add(np.asarray(collection.embeddings[r], dtype=np.float32), f"#{r} {_describe_row(collection, r)}", "id", r)
     if texts:
         enc = _require_encoder(encoder, "--query-text")
         for t, v in zip(texts, enc.encode_text(list(texts))):
-            q.vectors.append(v)
-            q.labels.append(t)
-            q.kinds.append("text")
-            q.rows.append(None)
+            q.add(v, t, "text")
     if images:
         enc = _require_encoder(encoder, "--query-image")
         for p, v in zip(images, enc.encode_images(list(images))):
-            q.vectors.append(v)
-            q.labels.append(p)
-            q.kinds.append("image")
-            q.rows.append(None)
+            q.add(v, p, "image")
     if dim is not None:
         bad = [lab for lab, v in zip(q.labels, q.vectors) if v.shape[-1] != dim]
         if bad:
