@@ -164,6 +164,11 @@ def test_html_structure_and_markers(text_setup, tmp_path):
     root = p.root
     assert root.find_all("title")[0].text() == "Toy report"
 
+    # factor names reach attribute names only as tokens, listed in the header
+    tokens = {sp.attrs["data-factor"]: sp.attrs["data-token"] for sp in root.find_all("span", cls="factor")}
+    assert tokens == {"color": "f0", "shape": "f1"}
+    assert [sp.text() for sp in root.find_all("span", cls="factor")] == ["color", "shape"]
+
     sections = root.find_all("section", cls="query")
     assert len(sections) == len(qi)
     for sec, q in zip(sections, qi):
@@ -194,7 +199,7 @@ def test_html_structure_and_markers(text_setup, tmp_path):
                 assert g != q
                 assert s["texts"][g] in c.text()
                 for f, lab in s["labels"].items():
-                    assert c.attrs[f"data-relevant-{f}"] == ("1" if lab[g] == lab[q] else "0")
+                    assert c.attrs[f"data-relevant-{tokens[f]}"] == ("1" if lab[g] == lab[q] else "0")
                 # green border exactly where the row's primary factor matches
                 primary = grow.factor
                 assert ("hit" in c.classes) == (primary is not None and s["labels"][primary][g] == s["labels"][primary][q])

@@ -68,36 +68,25 @@ def test_chunked_equals_unchunked(name, setup):
     anchors, Q, G = setup
     m = ad.make_model(name, **PARAMS[name]).fit(anchors)
     full = m.search(Q, G, k=7)
-    import anchordiv.search as S
-
-    # a tiny budget forces one query per block; small gallery blocks force merging
-    old = S._sorted_topk
+    # a tiny budget forces one query and one key per block, so every block is merged
     tiny = m.search(Q, G, k=7, memory_budget=1)
     np.testing.assert_array_equal(full[1], tiny[1])
     # GEMM blocking changes the summation order: distances agree to rounding
     np.testing.assert_allclose(full[0], tiny[0], rtol=1e-12, atol=1e-12)
-    assert old is S._sorted_topk
 
 
-def test_gallery_blocks_merge_exactly(setup, monkeypatch):
+def test_gallery_blocks_merge_exactly(setup):
     anchors, Q, G = setup
     m = ad.Softmax(tau=0.05).fit(anchors)
     full = m.search(Q, G, k=9)
     import anchordiv.search as S
 
-    real_min = min
-    calls = {}
-
-    def small_blocks(*args):
-        # shrink the gallery block (min(n_g, 1 << 16)) to 8 keys
-        if len(args) == 2 and args[1] == 1 << 16:
-            calls["hit"] = True
-            return real_min(args[0], 8)
-        return real_min(*args)
-
-    monkeypatch.setattr(S, "min", small_blocks, raising=False)
-    blocked = S.search(m, Q, G, k=9)
-    assert calls.get("hit")
+    # a budget whose key share holds 8 key-feature rows: 57 keys come in 8 blocks
+    D, item = 2 * G.shape[1] + 1, 8
+    budget = int(8 * D * item / S.KEY_SHARE)
+    q_rows, g_rows = S.block_shape(len(Q), len(G), D, item, 9, budget)
+    assert g_rows == 8 and 1 <= q_rows < len(Q)
+    blocked = m.search(Q, G, k=9, memory_budget=budget)
     np.testing.assert_array_equal(full[1], blocked[1])
     np.testing.assert_allclose(full[0], blocked[0], rtol=1e-12, atol=1e-12)
 
@@ -118,7 +107,7 @@ def test_search_bad_input(setup):
         m.search(Q, G, k=58)
     with pytest.raises(ValueError, match="k=57 exceeds"):
         m.search(G, G, k=57, exclude_self=True)
-    with pytest.raises(ValueError, match="same set"):
+    with pytest.raises(ValueError, match="same data"):
         m.search(Q, G, k=2, exclude_self=True)
     with pytest.raises(ValueError, match="positive int"):
         m.search(Q, G, k=0)

@@ -20,6 +20,7 @@ from .models import (
     NotFittedError,
     Softmax,
     make_model,
+    register_model,
     registry,
 )
 
@@ -27,6 +28,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AnchorSet", "AnchorModel", "Geometry", "NotFittedError", "Softmax", "Gaussian", "GaussianMixture",
-    "LatentGaussian", "LatentSpherical", "Cosine", "ImageTextInversion", "MODELS", "make_model", "registry",
+    "LatentGaussian", "LatentSpherical", "Cosine", "ImageTextInversion", "MODELS", "make_model", "register_model", "registry",
     "Index", "io", "metrics", "search", "special",
 ]

@@ -1,12 +1,14 @@
 """Array handling shared by every geometry: numpy in -> numpy out, torch in -> torch out.
 
 Inputs are converted to torch tensors for compute. Floating dtypes float32 and float64 are
-kept; float16/bfloat16 are computed in float32 and cast back; integers are computed in
-float32. Tensors are never moved between devices silently.
+kept; float16, bfloat16 and integers are computed in float32 and results come back in
+float32 (half precision overflows: a divergence at τ = 1e-3 exceeds float16's 65504).
+Tensors are never moved between devices silently.
 """
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +41,7 @@ def as_tensor(x: Any, name: str, *, ndim: int | None = 2, device: torch.device |
     """
     if isinstance(x, torch.Tensor):
         t = x.detach()
-        kind = Kind(False, t.dtype if t.dtype.is_floating_point else torch.float32)
+        kind = Kind(False, t.dtype if t.dtype in _COMPUTE_DTYPES else torch.float32)
         if device is not None and t.device != torch.device(device):
             raise ValueError(
                 f"{name} is on {t.device} but the model is on {device}; "
@@ -52,9 +54,7 @@ def as_tensor(x: Any, name: str, *, ndim: int | None = 2, device: torch.device |
             raise ValueError(f"{name} must be a numpy array or torch tensor, got {type(x).__name__}.") from exc
         if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
             raise ValueError(f"{name} must be a numeric array, got dtype {arr.dtype}.")
-        if arr.dtype == np.float16:
-            out_dtype = torch.float16
-        elif arr.dtype == np.float64:
+        if arr.dtype == np.float64:
             out_dtype = torch.float64
         else:
             out_dtype = torch.float32
@@ -70,10 +70,20 @@ def as_tensor(x: Any, name: str, *, ndim: int | None = 2, device: torch.device |
         raise ValueError(f"{name} must be a {ndim}-D array, got shape {shape}{hint}.")
     if t.numel() == 0 and t.ndim >= 1 and t.shape[0] == 0:
         raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); pass at least one row.")
-    if check_finite and not bool(torch.isfinite(t).all()):
+    if check_finite and not all_finite(t):
         bad = int((~torch.isfinite(t)).any(dim=-1).sum()) if t.ndim > 1 else int((~torch.isfinite(t)).sum())
         raise ValueError(f"{name} contains NaN or inf in {bad} row(s); clean or drop them before calling.")
     return t, kind
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every entry of ``t`` is finite: one summing pass (NaN or inf make the sum
+    non-finite), and the elementwise test only when the sum overflowed or was NaN."""
+    if t.numel() == 0:
+        return True
+    if bool(torch.isfinite(t.sum())):
+        return True
+    return bool(torch.isfinite(t).all())
 
 
 def check_dim(t: torch.Tensor, dim: int, name: str) -> None:
@@ -90,3 +100,12 @@ def row_chunks(n: int, chunk: int):
     chunk = max(1, int(chunk))
     for start in range(0, n, chunk):
         yield slice(start, min(n, start + chunk))
+
+
+def positive_int(value: Any, name: str, allow_none: bool = False) -> int | None:
+    """``value`` as an int ≥ 1 (Python or numpy integer), or a ``ValueError`` naming ``name``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or int(value) < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    return int(value)

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ._backend import as_tensor
+from ._backend import as_tensor, positive_int
 
 
 class AnchorSet:
@@ -109,8 +109,7 @@ class AnchorSet:
 
         The kept anchors keep their relative weights (renormalised).
         """
-        if not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"n must be a positive integer, got {n!r}.")
+        n = positive_int(n, "n")
         if n > len(self):
             raise ValueError(f"n={n} exceeds the {len(self)} anchors available; pass n <= {len(self)}.")
         g = torch.Generator().manual_seed(0 if seed is None else int(seed))

@@ -385,8 +385,21 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def _results(collection: Any, queries: _Queries, distances: Any, indices: Any, k: int,
-             include_self: bool) -> list[dict]:
+def _own_rows(queries: _Queries, include_self: bool) -> Any:
+    """Each query's own collection row (−1 for text and image queries) to exclude, or None."""
+    import numpy as np
+
+    if include_self or all(r is None for r in queries.rows):
+        return None
+    return np.array([-1 if r is None else int(r) for r in queries.rows], dtype=np.int64)
+
+
+def _k_left(k: int, n: int, queries: _Queries, include_self: bool) -> int:
+    """k, at most the rows left once each query's own row is excluded."""
+    return min(k, n - (0 if _own_rows(queries, include_self) is None else 1))
+
+
+def _results(collection: Any, queries: _Queries, distances: Any, indices: Any) -> list[dict]:
     """Per query: its label and kind and the top-k rows with metadata."""
     import numpy as np
 
@@ -396,10 +409,8 @@ def _results(collection: Any, queries: _Queries, distances: Any, indices: Any, k
     for qi, label in enumerate(queries.labels):
         hits = []
         for d, i in zip(np.asarray(distances[qi]).tolist(), np.asarray(indices[qi]).tolist()):
-            if i < 0 or (not include_self and queries.rows[qi] is not None and i == queries.rows[qi]):
+            if i < 0:
                 continue
-            if len(hits) == k:
-                break
             hit = {"rank": len(hits) + 1, "id": int(i), "distance": float(d)}
             if meta is not None and i < len(meta):
                 for c in columns:
@@ -729,17 +740,16 @@ def search(collection: str, query_ids, query_texts, query_images, anchor_spec, m
 
     Q = np.stack(queries.vectors).astype(np.float32)
     _check_k(k, len(coll))
-    extra = 0 if include_self or all(r is None for r in queries.rows) else 1
-    kk = min(len(coll), k + extra)
     Qd, Gd = _as_device(device, Q, coll.embeddings)
-    dist, idx = model.search(Qd, Gd, k=kk, symmetric=not asymmetric)
-    results = _results(coll, queries, _to_numpy(dist), _to_numpy(idx), k, include_self)
+    dist, idx = model.search(Qd, Gd, k=_k_left(k, len(coll), queries, include_self), symmetric=not asymmetric,
+                             exclude=_own_rows(queries, include_self))
+    results = _results(coll, queries, _to_numpy(dist), _to_numpy(idx))
     _emit(results, fmt, {"collection": collection, "model": model_name, "anchors": anchor_spec,
                          "tau": t if model_name in TAU_MODELS else None, "k": k})
 
 
 def _search_index(index_path: str, coll: Any, query_ids, query_texts, query_images, k: int, encoder: str | None,
-                  include_self: bool, device: str | None, fmt: str) -> None:
+                  include_self: bool, device: str | None, fmt: str, load_params: dict | None = None) -> None:
     """Search a saved index and print the results (shared by ``search --index`` and ``index search``)."""
     import numpy as np
 
@@ -748,7 +758,7 @@ def _search_index(index_path: str, coll: Any, query_ids, query_texts, query_imag
     meta = _read_index_meta(index_path)
     if coll is None and meta.get("collection"):
         coll = _load_collection(meta["collection"])
-    idx = Index.load(index_path, device=device)
+    idx = Index.load(index_path, device=device, **(load_params or {}))
     if coll is not None and len(idx) and int(np.max(idx.ids)) >= len(coll):
         raise ValueError(
             f"--index: {index_path!r} holds ids up to {int(np.max(idx.ids))} but the collection has {len(coll)} rows; "
@@ -760,11 +770,9 @@ def _search_index(index_path: str, coll: Any, query_ids, query_texts, query_imag
     queries = _gather_queries(coll, query_ids, query_texts, query_images, enc, idx.dim)
     Q = np.stack(queries.vectors).astype(np.float32)
     _check_k(k, len(idx))
-    extra = 0 if include_self or all(r is None for r in queries.rows) else 1
-    kk = min(len(idx), k + extra)
     (Qd,) = _as_device(device, Q)
-    dist, ids = idx.search(Qd, k=kk)
-    results = _results(coll, queries, _to_numpy(dist), _to_numpy(ids), k, include_self)
+    dist, ids = idx.search(Qd, k=_k_left(k, len(idx), queries, include_self), exclude=_own_rows(queries, include_self))
+    results = _results(coll, queries, _to_numpy(dist), _to_numpy(ids))
     _emit(results, fmt, {"index": index_path, "backend": idx.backend, "model": meta.get("model"),
                          "anchors": meta.get("anchors"), "tau": meta.get("tau"), "k": k})
 
@@ -948,10 +956,16 @@ def index_build(collection, anchor_spec, model_name, tau, components, rank, seed
 @click.option("--encoder", default=None, metavar="SPEC", help="Encoder for text/image queries (default: the index's).")
 @click.option("--include-self", is_flag=True, help="Keep a --query-id row in its own results.")
 @click.option("--device", default=None, help="Torch device for the encoder and the search.")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="Run-time index parameter, e.g. ef_search=256, shortlist=200, or for milvus uri=... and "
+                   "token=... (a token needs uri= in the same command; repeatable).")
 @_FORMAT_OPTION
 def index_search(index_path, query_ids, query_texts, query_images, k, collection, encoder, include_self, device,
-                 fmt) -> None:
+                 params, fmt) -> None:
     """Search a saved index.
+
+    A Milvus token is sent only to a uri named on the same command line
+    (--param uri=... --param token=...), never to the uri stored in the file.
 
     Example:
 
@@ -960,7 +974,8 @@ def index_search(index_path, query_ids, query_texts, query_images, k, collection
       anchordiv index search coll.index --query-id 12 --format csv
     """
     coll = _load_collection(collection) if collection else None
-    _search_index(index_path, coll, query_ids, query_texts, query_images, k, encoder, include_self, device, fmt)
+    _search_index(index_path, coll, query_ids, query_texts, query_images, k, encoder, include_self, device, fmt,
+                  _parse_params(params))
 
 
 @cli.command(short_help="Run the scene demo (AUPRC table and report).")

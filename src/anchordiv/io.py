@@ -26,7 +26,10 @@ imported only when used.
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -273,8 +276,15 @@ def _natural_key(name: str) -> list:
     return [int(p) if i % 2 else p for i, p in enumerate(parts)]
 
 
+_DISK_FULL_ERRNOS = {errno.ENOSPC} | ({errno.EDQUOT} if hasattr(errno, "EDQUOT") else set())
+
+
 def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    """Write ``path`` through a temporary sibling file and ``os.replace``."""
+    """Write ``path`` through a temporary sibling file and ``os.replace``.
+
+    The temporary file is removed on any error; a full disk (ENOSPC, EDQUOT) is
+    re-raised as an OSError that names ``path`` and the fix.
+    """
     tmp = path.with_name(f"{path.name}{_PARTIAL_MARK}{uuid.uuid4().hex}")
     try:
         with open(tmp, "wb") as fh:
@@ -282,10 +292,24 @@ def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(exc, OSError) and exc.errno in _DISK_FULL_ERRNOS:
+            raise OSError(
+                exc.errno,
+                f"the disk is full (or over quota) while writing {str(path)!r}; nothing "
+                "half-written was kept. Free some space and rerun to resume, or choose another "
+                "output folder (--out)",
+            ) from exc
         raise
+
+
+class _WriteOnly:
+    """File wrapper exposing only ``write``, so numpy writes through it (keeping errno)."""
+
+    def __init__(self, fh: Any) -> None:
+        self.write = fh.write
 
 
 def _write_json(path: Path, obj: Mapping) -> None:
@@ -294,7 +318,9 @@ def _write_json(path: Path, obj: Mapping) -> None:
 
 
 def _write_npy(path: Path, array: np.ndarray) -> None:
-    _atomic_write(path, lambda fh: np.save(fh, array, allow_pickle=False))
+    # numpy's fast path (ndarray.tofile) reports a failed write as byte counts without
+    # errno, so a full disk could not be recognised; write through fh.write instead.
+    _atomic_write(path, lambda fh: np.save(_WriteOnly(fh), array, allow_pickle=False))
 
 
 def _write_parquet(path: Path, frame: "pd.DataFrame") -> None:
@@ -316,9 +342,23 @@ def _check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
 
 
 def _check_positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    """``value`` as a Python int >= 1; numpy integers are accepted, bools and floats are not."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer; got {value!r}")
     return int(value)
+
+
+def _accepts_kwarg(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` can be called with the keyword argument ``name``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.kind is p.VAR_KEYWORD
+        or (p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        for p in params
+    )
 
 
 def _check_dtype(dtype: Any, name: str = "dtype") -> np.dtype:
@@ -463,7 +503,8 @@ def read_texts(
     pandas.DataFrame
         Column ``caption`` with the texts; for tables, the other columns follow as label
         columns. Rows whose text is missing or blank are dropped (with a warning for
-        tables).
+        tables). In CSV/TSV files only empty cells are missing: "NA", "None", "null" and
+        the like are kept as text.
 
     Raises
     ------
@@ -484,7 +525,10 @@ def read_texts(
         if suffix == ".parquet":
             frame = pd.read_parquet(p)
         else:
-            frame = pd.read_csv(p, sep="\t" if suffix == ".tsv" else ",", encoding=encoding)
+            # only empty cells are missing: captions such as "None", "NA" or "null" are text
+            read = dict(sep="\t" if suffix == ".tsv" else ",", encoding=encoding, keep_default_na=False, na_values=[""])
+            frame = pd.read_csv(p, **read)
+            as_read = pd.read_csv(p, dtype=str, **read)  # the text column as written ("007" stays "007")
         cols = [str(c) for c in frame.columns]
         if column is None:
             if "caption" in cols:
@@ -509,6 +553,8 @@ def read_texts(
                 f"{str(p)!r} has a 'caption' column besides the text column {column!r}; "
                 "rename one of them or pass column='caption'"
             )
+        if suffix != ".parquet":
+            frame[column] = as_read[column]
         texts = frame[column]
         keep = texts.notna().to_numpy() & (texts.astype(str).str.strip() != "").to_numpy()
         if not keep.all():
@@ -633,6 +679,39 @@ def _read_manifest(path: Path) -> dict:
     return manifest
 
 
+def _manifest_shards(path: Path, manifest: dict) -> list[dict]:
+    """The ``shards`` records of manifest ``path``, checked to name files inside its folder."""
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        what = "has no 'shards' list" if shards is None else f"has 'shards' of type {type(shards).__name__}"
+        raise ValueError(
+            f"manifest {str(path)!r} {what}; it must list the shard files. Repair or remove it"
+        )
+    root = path.parent
+    real_root = root.resolve()
+    for i, rec in enumerate(shards):
+        if not isinstance(rec, dict) or not all(
+            isinstance(rec.get(k), str) and rec.get(k) for k in ("embeddings", "metadata")
+        ):
+            raise ValueError(
+                f"manifest {str(path)!r}: shards[{i}] must be an object whose 'embeddings' and "
+                f"'metadata' are file names; got {rec!r:.200}. Repair or remove the manifest"
+            )
+        for key in ("embeddings", "metadata"):
+            rel = rec[key]
+            try:
+                inside = not Path(rel).is_absolute() and (root / rel).resolve().is_relative_to(real_root)
+            except (OSError, ValueError):
+                inside = False
+            if not inside:
+                raise ValueError(
+                    f"manifest {str(path)!r}: shards[{i}].{key} = {rel!r} points outside the "
+                    f"collection folder {str(root)!r}; refusing to read it. Shard paths must be "
+                    "relative paths inside the folder, such as 'img_emb/img_emb_0.npy'"
+                )
+    return shards
+
+
 def _remove_partials(folder: Path) -> None:
     if folder.is_dir():
         for f in folder.iterdir():
@@ -698,7 +777,8 @@ def embed_collection(
     dtype : {"float32", "float16"}, optional
         Storage type of the embedding shards.
     progress : bool, optional
-        Show a tqdm progress bar.
+        Show a tqdm progress bar. ``False`` also passes ``progress=False`` to the encoder
+        when its method accepts that argument.
     batch_size : int, optional
         Items per encoder call.
 
@@ -711,8 +791,12 @@ def embed_collection(
     ------
     ValueError
         On invalid arguments; if ``out_dir`` is not empty and holds no manifest; if it
-        holds a job with other items, labels, encoder, kind, shard_size or dtype; or if
-        the encoder returns arrays of the wrong shape or with NaN/inf values.
+        holds a job with other items, labels, encoder, kind, shard_size or dtype, or a
+        malformed manifest; or if the encoder returns arrays of the wrong shape or with
+        NaN/inf values.
+    OSError
+        If the disk is full (ENOSPC/EDQUOT); the message names the file, and nothing
+        half-written is left, so the job can be resumed once there is space.
 
     Notes
     -----
@@ -773,7 +857,17 @@ def embed_collection(
                 f"out_dir {str(out)!r} holds a collection from a different job ({details}); "
                 "refusing to mix them. Use a new out_dir, or delete this folder to start over"
             )
-        for rec in manifest["shards"]:
+        bad_keys = [
+            k for k, t in (("kind", str), ("n_items", int), ("n_embedded", int), ("n_shards", int),
+                           ("complete", bool), ("skipped", list))
+            if not isinstance(manifest.get(k), t)
+        ]
+        if bad_keys:
+            raise ValueError(
+                f"manifest {str(manifest_path)!r} lacks valid {bad_keys}; it was modified. Delete "
+                "the collection folder to start over"
+            )
+        for rec in _manifest_shards(manifest_path, manifest):
             for key in ("embeddings", "metadata"):
                 if not (out / rec[key]).is_file():
                     raise ValueError(
@@ -804,8 +898,7 @@ def embed_collection(
             "skipped": [],
             "job": job,
         }
-        emb_dir.mkdir(parents=True, exist_ok=True)
-        meta_dir.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
         _write_json(manifest_path, manifest)
 
     start = len(manifest["shards"])
@@ -823,8 +916,10 @@ def embed_collection(
     pd = _pandas()
     from tqdm.auto import tqdm
 
-    dim = manifest["dim"]
+    dim = manifest.get("dim")
     encode = getattr(encoder, method)
+    if not progress and _accepts_kwarg(encode, "progress"):
+        encode = functools.partial(encode, progress=False)  # silence the encoder's own bars
     item_col = _ITEM_COLUMN[kind]
     written = 0
     bar = tqdm(
@@ -888,9 +983,6 @@ def embed_collection(
 
             emb_rel = f"{prefix}/{prefix}_{s}.npy"
             meta_rel = f"{_METADATA_DIR}/{_METADATA_PREFIX}_{s}.parquet"
-            _write_npy(out / emb_rel, emb)
-            _write_parquet(out / meta_rel, meta)
-
             manifest["shards"].append({
                 "index": s, "embeddings": emb_rel, "metadata": meta_rel,
                 "start": lo, "stop": hi, "n_rows": int(emb.shape[0]),
@@ -898,10 +990,19 @@ def embed_collection(
             manifest["skipped"].extend(skipped_here)
             manifest["n_embedded"] += int(emb.shape[0])
             manifest["n_skipped"] = len(manifest["skipped"])
-            if manifest["dim"] is None and dim is not None:
+            if manifest.get("dim") is None and dim is not None:
                 manifest["dim"] = dim
             manifest["complete"] = s == n_shards - 1
-            _write_json(manifest_path, manifest)
+            try:
+                _write_npy(out / emb_rel, emb)
+                _write_parquet(out / meta_rel, meta)
+                _write_json(manifest_path, manifest)
+            except BaseException:
+                # leave no unrecorded shard behind (e.g. when the disk fills up)
+                for rel in (emb_rel, meta_rel):
+                    with contextlib.suppress(OSError):
+                        (out / rel).unlink()
+                raise
             written += 1
     finally:
         bar.close()
@@ -918,10 +1019,18 @@ def _load_npy_shards(
     """Stack ``(n_i, d)`` arrays from ``files``; returns the array and per-file row counts."""
     arrays = []
     for f in files:
+        if os.path.getsize(f) == 0:
+            raise ValueError(
+                f"{arg}: {str(f)!r} is empty (0 bytes), probably from an interrupted copy or write; "
+                "restore it or recompute that shard"
+            )
         try:
             a = np.load(f, mmap_mode="r", allow_pickle=False)
-        except ValueError as exc:
-            raise ValueError(f"{arg}: cannot read {str(f)!r} as a numeric .npy array ({exc})") from exc
+        except (ValueError, EOFError) as exc:
+            raise ValueError(
+                f"{arg}: cannot read {str(f)!r} as a numeric .npy array ({exc}); it may be "
+                "truncated or not a .npy file: restore it or recompute that shard"
+            ) from exc
         if a.ndim != 2:
             raise ValueError(
                 f"{arg}: {str(f)!r} has shape {a.shape}; embeddings must be 2-D (n, d). "
@@ -952,6 +1061,18 @@ def _load_npy_shards(
         out[pos:pos + r] = a
         pos += r
     return out, rows
+
+
+def _read_parquet(f: Path, arg: str = "path") -> Any:
+    """``pyarrow.parquet.read_table(f)`` with an error that names ``f`` and the fix."""
+    pa, _, pq = _pyarrow()
+    try:
+        return pq.read_table(f)
+    except pa.ArrowInvalid as exc:
+        raise ValueError(
+            f"{arg}: cannot read {str(f)!r} as parquet ({exc}); it may be empty, truncated or not "
+            "a parquet file: restore it or recompute it"
+        ) from exc
 
 
 def _list_column_to_array(table: Any, column: str, source: str) -> np.ndarray:
@@ -991,10 +1112,9 @@ def _list_column_to_array(table: Any, column: str, source: str) -> np.ndarray:
 def _load_parquet_files(
     files: Sequence[Path], column: str, dtype: np.dtype | None
 ) -> tuple[np.ndarray, "pd.DataFrame | None"]:
-    _, _, pq = _pyarrow()
     embs, metas = [], []
     for f in files:
-        table = pq.read_table(f)
+        table = _read_parquet(f)
         if column not in table.column_names:
             raise ValueError(
                 f"path: {str(f)!r} has no {column!r} column (columns: {table.column_names}); "
@@ -1042,22 +1162,33 @@ def _numbered(folder: Path, prefix: str, suffix: str) -> dict[int, Path]:
     return found
 
 
+def _check_numbering(found: Mapping[int, Path], folder: Path, prefix: str, suffix: str) -> None:
+    """Raise if shard numbers ``found`` are not exactly 0, 1, ..., n - 1."""
+    for expected, i in enumerate(sorted(found)):
+        if i != expected:
+            raise ValueError(
+                f"path: {prefix}_{expected}{suffix} is missing from {str(folder)!r} (found shards up "
+                f"to {prefix}_{max(found)}{suffix}); without {MANIFEST_NAME} the rows after it would "
+                "shift. Restore the missing file, or renumber the shards from 0 without gaps"
+            )
+
+
 def _load_layout(
     root: Path, kind: str, manifest: dict | None, dtype: np.dtype | None, mmap: bool,
     allow_partial: bool,
 ) -> tuple[np.ndarray, "pd.DataFrame | None"]:
-    _, _, pq = _pyarrow()
     prefix = _EMB_PREFIX[kind]
     meta_dir = root / _METADATA_DIR
     if manifest is not None:
+        records = _manifest_shards(root / MANIFEST_NAME, manifest)
         if not manifest.get("complete", False) and not allow_partial:
             raise ValueError(
-                f"path: the collection in {str(root)!r} is incomplete ({len(manifest['shards'])} of "
+                f"path: the collection in {str(root)!r} is incomplete ({len(records)} of "
                 f"{manifest.get('n_shards')} shards); run embed_collection again with the same "
                 "arguments to finish it, or pass allow_partial=True"
             )
         emb_files, meta_files = [], []
-        for rec in manifest["shards"]:
+        for rec in records:
             for key, dest in (("embeddings", emb_files), ("metadata", meta_files)):
                 f = root / rec[key]
                 if not f.is_file():
@@ -1076,17 +1207,19 @@ def _load_layout(
             raise FileNotFoundError(
                 f"path: no {prefix}_<i>.npy files in {str(root / prefix)!r}"
             )
+        _check_numbering(shards, root / prefix, prefix, ".npy")
         order = sorted(shards)
         emb_files = [shards[i] for i in order]
         metas = _numbered(meta_dir, _METADATA_PREFIX, ".parquet")
         if metas:
-            missing = [i for i in order if i not in metas]
-            extra = sorted(set(metas) - set(order))
+            missing = [f"{_METADATA_PREFIX}_{i}.parquet" for i in order if i not in metas]
+            extra = [metas[i].name for i in sorted(set(metas) - set(order))]
             if missing or extra:
                 raise ValueError(
                     f"path: embedding shards and metadata shards in {str(root)!r} do not match "
-                    f"(no metadata for shards {missing[:10]}; metadata without shard: {extra[:10]}); "
-                    "remove the metadata folder or the unmatched files"
+                    f"(missing metadata files: {missing[:10]}; metadata files without an embedding "
+                    f"shard: {extra[:10]}); restore the missing files, or remove the metadata folder "
+                    "or the unmatched files"
                 )
             meta_files = [metas[i] for i in order]
         else:
@@ -1097,7 +1230,7 @@ def _load_layout(
         return emb, None
     frames = []
     for ef, mf, r in zip(emb_files, meta_files, rows):
-        frame = pq.read_table(mf).to_pandas()
+        frame = _read_parquet(mf).to_pandas()
         if len(frame) != r:
             raise ValueError(
                 f"path: {str(mf)!r} has {len(frame)} rows but {str(ef)!r} has {r}; a metadata shard "
@@ -1162,8 +1295,10 @@ def load_collection(
         manifest is missing.
     ValueError
         On an unsupported file type, metadata and shard row counts that differ,
-        inconsistent dimensions across shards, NaN/inf values, an incomplete collection
-        or an ambiguous ``kind``.
+        inconsistent dimensions across shards, NaN/inf values, an incomplete collection,
+        an ambiguous ``kind``, an empty or unreadable shard, a malformed manifest or one
+        naming files outside the collection folder, or (without a manifest) a gap in the
+        shard numbering.
     """
     if kind is not None:
         _check_choice(kind, "kind", _KINDS)
@@ -1204,6 +1339,11 @@ def load_collection(
             kind = manifest.get("kind")
             if kind not in _KINDS:
                 raise ValueError(f"manifest {str(p / MANIFEST_NAME)!r} has an invalid kind {kind!r}")
+            tau = manifest.get("tau")
+            if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float))):
+                raise ValueError(
+                    f"manifest {str(p / MANIFEST_NAME)!r} has a non-numeric tau {tau!r}; repair or remove it"
+                )
             emb, metadata = _load_layout(p, kind, manifest, target, mmap, allow_partial)
         else:
             present = [k for k in _KINDS if (p / _EMB_PREFIX[k]).is_dir()]

@@ -5,7 +5,11 @@ query, one row per geometry: the neighbours, their distances and, when labels ar
 which neighbours share the query's label for each label column ("factor").
 :func:`write_report` renders the result as a self-contained HTML page (``index.html``:
 inline CSS, images embedded as base64 thumbnails, no external resources) and as a PNG
-grid (``grid.png``, drawn with matplotlib).
+grid (``grid.png``, drawn with matplotlib). Names and texts are escaped in the page (factor
+names reach attribute names only as tokens ``f0``, ``f1``, ...; the header lists them) and drawn
+literally in the PNG (no mathtext). Images are read only from regular files of at most
+:data:`MAX_IMAGE_BYTES`; others, and Pillow's decompression bombs, are shown as unavailable
+and counted in :attr:`ReportPaths.skipped`.
 
 Each row is labelled with its geometry and the anchors that define it. A row may have a
 *primary* factor (for an anchor set naming breeds, ``"breed"``): neighbours that share
@@ -31,7 +35,9 @@ import html
 import io
 import math
 import os
+import stat
 import textwrap
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -51,6 +57,12 @@ THUMBNAIL_PX = 160
 
 #: Anchors listed in full under a row (the rest are counted).
 MAX_LISTED_ANCHORS = 200
+
+#: Largest image file, in bytes, that is read for a thumbnail (larger ones are skipped).
+MAX_IMAGE_BYTES = 64 * 2**20
+
+#: Why an image was skipped: the keys of :attr:`ReportPaths.skipped`.
+SKIP_REASONS = ("missing", "unreadable", "not_a_file", "too_large", "decompression_bomb", "corrupt")
 
 #: A relevance function: ``fn(query_index, gallery_indices) -> bool array``.
 RelevanceFn = Callable[[int, np.ndarray], Any]
@@ -242,10 +254,16 @@ class ReportPaths:
         The self-contained page, ``index.html``.
     png : pathlib.Path or None
         The grid image, ``grid.png`` (None when not written).
+    skipped : dict of str to int
+        Images shown as unavailable, counted once each, by reason (see :data:`SKIP_REASONS`):
+        ``missing``, ``unreadable`` (no permission, not a path), ``not_a_file`` (FIFO, device,
+        folder), ``too_large`` (over :data:`MAX_IMAGE_BYTES`), ``decompression_bomb`` (over
+        Pillow's ``Image.MAX_IMAGE_PIXELS``) or ``corrupt``. Reasons with no image are left out.
     """
 
     html: Path
     png: Path | None
+    skipped: dict[str, int] = field(default_factory=dict)
 
     def __fspath__(self) -> str:
         return os.fspath(self.html)
@@ -265,6 +283,13 @@ def _to_numpy(x: Any) -> np.ndarray:
             x = x.float()
         x = x.numpy()
     return np.asarray(x)
+
+
+def _as_int(value: Any, name: str, minimum: int = 1) -> int:
+    """``value`` as an int (numpy integers accepted); ValueError naming ``name`` otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
 
 
 def _take_rows(X: Any, rows: np.ndarray) -> Any:
@@ -362,20 +387,14 @@ def _normalize_labels(labels: Any, collection: Any, n: int, arg: str) -> dict[st
 
 
 def _search(geometry: Any, Q: Any, G: Any, k: int, own: list[int | None], exclude_self: bool,
-            symmetric: bool, n_gallery: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k (distances, indices), dropping each query's own gallery row when asked."""
+            symmetric: bool, n_gallery: int, progress: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k (distances, indices), each query's own gallery row excluded when asked."""
     drop = exclude_self and any(r is not None for r in own)
-    kk = min(k + 1, n_gallery) if drop else k
-    d, i = geometry.search(Q, G, k=kk, symmetric=symmetric)
-    d, i = _to_numpy(d).astype(np.float64), _to_numpy(i).astype(np.int64)
-    if not drop:
-        return d, i
-    out_d = np.empty((len(own), k))
-    out_i = np.empty((len(own), k), dtype=np.int64)
-    for q, r in enumerate(own):
-        keep = i[q] != r if r is not None else np.ones(kk, dtype=bool)
-        out_d[q], out_i[q] = d[q][keep][:k], i[q][keep][:k]
-    return out_d, out_i
+    extra = {} if progress is None else {"progress": progress}
+    if drop:
+        extra["exclude"] = np.array([-1 if r is None else int(r) for r in own], dtype=np.int64)
+    d, i = geometry.search(Q, G, k=k, symmetric=symmetric, **extra)
+    return _to_numpy(d).astype(np.float64), _to_numpy(i).astype(np.int64)
 
 
 # ---------------------------------------------------------------------------
@@ -400,6 +419,7 @@ def compare(
     mark: Sequence[str] | None = None,
     symmetric: bool = True,
     info: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
 ) -> ComparisonResult:
     """Top-k neighbours of the same queries under several geometries.
 
@@ -447,6 +467,9 @@ def compare(
         Rank by the symmetrized divergence (see :meth:`anchordiv.Geometry.search`).
     info : mapping, optional
         Extra facts shown in the report header (e.g. collection path, temperature).
+    progress : bool, optional
+        Show (True) or hide (False) the search progress bars; by default they are shown
+        for long searches only.
 
     Returns
     -------
@@ -469,13 +492,19 @@ def compare(
         kind = getattr(collection, "kind", None) or "text"
     if kind not in ITEM_COLUMNS:
         raise ValueError(f"kind must be 'text' or 'image', got {kind!r}.")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}.")
-    k = int(k)
+    k = _as_int(k, "k")
+    if progress is not None:
+        progress = bool(progress)
 
-    qidx = np.arange(m_all) if query_indices is None else np.asarray(query_indices, dtype=np.int64).reshape(-1)
-    if qidx.size == 0:
-        raise ValueError("query_indices is empty; pass at least one query.")
+    if query_indices is None:
+        qidx = np.arange(m_all)
+    else:
+        qidx = np.asarray(query_indices).reshape(-1)
+        if qidx.size == 0:
+            raise ValueError("query_indices is empty; pass at least one query.")
+        if qidx.dtype.kind not in "iu":
+            raise ValueError(f"query_indices must be integers, got {qidx.tolist()[:5]} (dtype {qidx.dtype}).")
+        qidx = qidx.astype(np.int64)
     if qidx.min() < 0 or qidx.max() >= m_all:
         raise ValueError(f"query_indices must lie in [0, {m_all}), got {qidx.tolist()}.")
     if query_rows is None:
@@ -559,7 +588,7 @@ def compare(
     indices, distances, relevant = {}, {}, {}
     for row, spec in zip(rows, geometries.values()):
         geom = spec.geometry if isinstance(spec, ReportGeometry) else spec
-        d, i = _search(geom, Qs, G, k, own, exclude_self, symmetric, n)
+        d, i = _search(geom, Qs, G, k, own, exclude_self, symmetric, n, progress)
         distances[row.name], indices[row.name] = d, i
         rel = {}
         for f, src in factors.items():
@@ -586,21 +615,104 @@ def compare(
 # rendering helpers
 
 
-def _thumbnail(item: Any, px: int = THUMBNAIL_PX) -> "Any | None":
-    """An RGB PIL thumbnail of an image path or PIL image, or None if it cannot be read."""
+class _Skip(Exception):
+    """An image that is not shown, with the reason (one of :data:`SKIP_REASONS`)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _read_image_file(path: Any) -> bytes:
+    """The bytes of a regular file of at most :data:`MAX_IMAGE_BYTES`; raises :class:`_Skip` otherwise.
+
+    The file is opened non-blocking and checked with ``fstat`` before reading, so a FIFO or
+    a device is never read from.
+    """
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise _Skip("unreadable")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise _Skip("missing") from None
+    except (OSError, ValueError):
+        raise _Skip("unreadable") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Skip("not_a_file")
+        cap = MAX_IMAGE_BYTES
+        if st.st_size > cap:
+            raise _Skip("too_large")
+        chunks, size = [], 0
+        while size <= cap:
+            chunk = os.read(fd, min(1 << 20, cap + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > cap:
+            raise _Skip("too_large")
+        return b"".join(chunks)
+    except OSError:
+        raise _Skip("unreadable") from None
+    finally:
+        os.close(fd)
+
+
+def _thumbnail(item: Any, px: int = THUMBNAIL_PX) -> "Any":
+    """An RGB PIL thumbnail of an image path or PIL image; raises :class:`_Skip` if unreadable."""
     from PIL import Image
 
+    if isinstance(item, Image.Image):
+        im = item.copy()
+    else:
+        data = _read_image_file(item)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(io.BytesIO(data)) as f:
+                    im = f.copy()
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise _Skip("decompression_bomb") from None
+        except Exception:  # any decoder failure of an untrusted file
+            raise _Skip("corrupt") from None
     try:
-        if isinstance(item, Image.Image):
-            im = item.copy()
-        else:
-            with Image.open(os.fspath(item)) as f:
-                im = f.copy()
         im = im.convert("RGB")
         im.thumbnail((px, px))
-        return im
-    except (OSError, ValueError, TypeError):
-        return None
+    except Exception:
+        raise _Skip("corrupt") from None
+    return im
+
+
+class _Thumbs:
+    """Thumbnails of the items of one report, read once each, with the skipped ones counted."""
+
+    def __init__(self, px: int):
+        self.px = px
+        self._cache: dict[Any, Any] = {}
+        self._reasons: dict[Any, str] = {}
+
+    def get(self, key: Any, item: Any) -> "Any | None":
+        """The thumbnail of ``item`` (cached under ``key``), or None when it is skipped."""
+        if key not in self._cache:
+            try:
+                self._cache[key] = _thumbnail(item, self.px) if item is not None else None
+            except _Skip as e:
+                self._cache[key] = None
+                self._reasons[key] = e.reason
+        return self._cache[key]
+
+    def reason(self, key: Any) -> str | None:
+        return self._reasons.get(key)
+
+    def skipped(self) -> dict[str, int]:
+        """Per reason, how many images were skipped (reasons with none left out)."""
+        counts = {r: 0 for r in SKIP_REASONS}
+        for r in self._reasons.values():
+            counts[r] += 1
+        return {r: c for r, c in counts.items() if c}
 
 
 def _data_uri(im: Any) -> str:
@@ -704,24 +816,27 @@ def _h(s: Any) -> str:
 class _Html:
     """Builds the HTML page of a :class:`ComparisonResult`."""
 
-    def __init__(self, result: ComparisonResult, title: str, thumb_px: int):
+    def __init__(self, result: ComparisonResult, title: str, thumbs: _Thumbs):
         self.r = result
         self.title = title
-        self.thumb_px = thumb_px
-        self._thumbs: dict[Any, str | None] = {}
+        self.thumbs = thumbs
+        self._uris: dict[Any, str | None] = {}
+        # factor names never reach attribute names: they are mapped to tokens f0, f1, ...
+        self.tok = {f: f"f{i}" for i, f in enumerate(result.factors)}
 
     def _img(self, key: Any, item: Any) -> str | None:
-        if key not in self._thumbs:
-            im = _thumbnail(item, self.thumb_px) if item is not None else None
-            self._thumbs[key] = _data_uri(im) if im is not None else None
-        return self._thumbs[key]
+        if key not in self._uris:
+            im = self.thumbs.get(key, item)
+            self._uris[key] = _data_uri(im) if im is not None else None
+        return self._uris[key]
 
     def _content(self, key: Any, item: Any, fallback: str, query: bool = False) -> str:
         if self.r.kind == "image" and not (query and _is_text_query(item)):
             uri = self._img(key, item)
             if uri is None:
                 what = _short(os.fspath(item), 60) if isinstance(item, (str, os.PathLike)) else fallback
-                return f'<div class="missing">image unavailable: {_h(what)}</div>'
+                reason = self.thumbs.reason(key) or "missing"
+                return f'<div class="missing" data-reason="{reason}">image unavailable: {_h(what)}</div>'
             alt = os.path.basename(os.fspath(item)) if isinstance(item, (str, os.PathLike)) else fallback
             return f'<div class="imgbox"><img src="{uri}" alt="{_h(alt)}" title="{_h(alt)}"></div>'
         text = fallback if item is None else str(item)
@@ -746,7 +861,7 @@ class _Html:
             if not r.known[f][qi]:
                 continue
             rel = bool(r.relevant[grow.name][f][qi, rank])
-            attrs[f"data-relevant-{f}"] = "1" if rel else "0"
+            attrs[f"data-relevant-{self.tok[f]}"] = "1" if rel else "0"
             if f == grow.factor and rel:
                 hit = True
             if f in grow.mark:
@@ -816,6 +931,8 @@ class _Html:
         meta = [f"{r.n_queries} quer{'y' if r.n_queries == 1 else 'ies'}", f"{len(r.rows)} geometries",
                 f"top {r.k} neighbours", f"{r.kind} items"]
         info = " · ".join(f"{_h(k)}: {_h(v)}" for k, v in r.info.items())
+        factors = ", ".join(f'<span class="factor" data-token="{t}" data-factor="{_h(f)}">{_h(f)}</span>'
+                            for f, t in self.tok.items())
         legend = (
             '<p class="legend"><span class="swatch"></span>green border: the neighbour shares the query\'s '
             "value of the row's factor (in green on the left). Chips: ✓ same value as the query, "
@@ -824,14 +941,18 @@ class _Html:
             + "open the anchor list under a row label.</p>"
             if r.factors else ""
         )
+        body = "\n".join(self._query_section(qi) for qi in range(r.n_queries))
+        skipped = ", ".join(f'<span data-reason="{k}" data-count="{v}">{v} {k.replace("_", " ")}</span>'
+                            for k, v in self.thumbs.skipped().items())
         head = (
             "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{_h(self.title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
             f"<h1>{_h(self.title)}</h1>\n<p class=\"meta\">{_h(' · '.join(meta))}</p>\n"
             + (f'<p class="meta">{info}</p>\n' if info else "")
+            + (f'<p class="meta factors">factors: {factors}</p>\n' if factors else "")
+            + (f'<p class="meta skipped">images skipped: {skipped}</p>\n' if skipped else "")
             + legend + "\n"
         )
-        body = "\n".join(self._query_section(qi) for qi in range(r.n_queries))
         return head + body + "\n</body>\n</html>\n"
 
 
@@ -839,8 +960,11 @@ class _Html:
 # PNG
 
 
-def _draw_grid(result: ComparisonResult, path: Path, title: str, thumb_px: int, dpi: float) -> None:
-    """Draw the comparison grid with matplotlib (Agg, no pyplot state) into ``path``."""
+def _draw_grid(result: ComparisonResult, path: Path, title: str, thumbs: _Thumbs, dpi: float) -> None:
+    """Draw the comparison grid with matplotlib (Agg, no pyplot state) into ``path``.
+
+    Every text is drawn with ``parse_math=False``: user strings with ``$`` stay literal.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyBboxPatch
@@ -860,10 +984,14 @@ def _draw_grid(result: ComparisonResult, path: Path, title: str, thumb_px: int, 
     ax.set_xlim(0, width)
     ax.set_ylim(height, 0)
     ax.axis("off")
+
+    def draw_text(*args, **kwargs):
+        return ax.text(*args, parse_math=False, **kwargs)
+
     fs = 6.8
     chars = max(12, int(card_w * 72 / (fs * 0.55)) - 3)
     max_lines = int((card_h - 0.22 - chip_h) / (fs * 1.25 / 72))
-    thumbs: dict[Any, Any] = {}
+    arrays: dict[Any, Any] = {}
 
     def box(x, y, w, h, edge, face, lw):
         ax.add_patch(FancyBboxPatch((x + 0.02, y + 0.02), w - 0.04, h - 0.04, boxstyle="round,pad=0,rounding_size=0.05",
@@ -873,13 +1001,13 @@ def _draw_grid(result: ComparisonResult, path: Path, title: str, thumb_px: int, 
         top = y + 0.2
         avail = card_h - 0.24 - chip_h
         if r.kind == "image" and not (query and _is_text_query(item)):
-            if key not in thumbs:
-                im = _thumbnail(item, thumb_px) if item is not None else None
-                thumbs[key] = None if im is None else np.asarray(im)
-            arr = thumbs[key]
+            if key not in arrays:
+                im = thumbs.get(key, item)
+                arrays[key] = None if im is None else np.asarray(im)
+            arr = arrays[key]
             if arr is None:
-                ax.text(x + card_w / 2, top + avail / 2, "image\nunavailable", ha="center", va="center",
-                        fontsize=6.5, color="#cf222e")
+                draw_text(x + card_w / 2, top + avail / 2, "image\nunavailable", ha="center", va="center",
+                          fontsize=6.5, color="#cf222e")
                 return
             h_px, w_px = arr.shape[:2]
             scale = min((card_w - 0.12) / w_px, avail / h_px)
@@ -893,42 +1021,42 @@ def _draw_grid(result: ComparisonResult, path: Path, title: str, thumb_px: int, 
         if len(lines) > max_lines:
             lines = lines[:max_lines]
             lines[-1] = _short(lines[-1], chars - 1).rstrip("…") + "…"
-        ax.text(x + 0.07, top, "\n".join(lines), ha="left", va="top", fontsize=fs, linespacing=1.25,
-                color="#1f2328", zorder=3)
+        draw_text(x + 0.07, top, "\n".join(lines), ha="left", va="top", fontsize=fs, linespacing=1.25,
+                  color="#1f2328", zorder=3)
 
-    ax.text(0.12, 0.3, title, fontsize=13, fontweight="bold", va="center")
+    draw_text(0.12, 0.3, title, fontsize=13, fontweight="bold", va="center")
     y = title_h
     for qi in range(r.n_queries):
         qtext = r.query_titles[qi]
         item = r.query_items[qi]
         if item is not None and (r.kind == "text" or _is_text_query(item)):
             qtext += ": " + _short(item, 160)
-        ax.text(0.12, y + 0.2, qtext, fontsize=9, fontweight="bold", va="center")
+        draw_text(0.12, y + 0.2, qtext, fontsize=9, fontweight="bold", va="center")
         vals = [f"{f}: {_fmt_value(r.query_values[f][qi])}" for f in r.factors if r.query_values[f][qi] is not None]
         if vals:
-            ax.text(0.12, y + 0.42, " · ".join(vals), fontsize=7, color="#57606a", va="center")
+            draw_text(0.12, y + 0.42, " · ".join(vals), fontsize=7, color="#57606a", va="center")
         y += head_h
         for grow in r.rows:
             box(0.06, y, label_w - 0.06, card_h, "#8c959f" if not grow.factor else "#1a7f37", "#f6f8fa", 0.8)
             lab = textwrap.wrap(grow.label, int(label_w * 72 / (7.5 * 0.55)) - 3)[:2]
-            ax.text(0.16, y + 0.12, "\n".join(lab), fontsize=7.5, fontweight="bold", va="top")
+            draw_text(0.16, y + 0.12, "\n".join(lab), fontsize=7.5, fontweight="bold", va="top")
             lines = []
             prev = _anchor_preview(grow.anchor_texts, grow.n_anchors, width=70)
             if prev:
                 lines += textwrap.wrap(prev, int(label_w * 72 / (6 * 0.55)) - 4)[:3]
-            ax.text(0.16, y + 0.16 + 0.14 * len(lab), "\n".join(lines), fontsize=6, color="#57606a", va="top")
+            draw_text(0.16, y + 0.16 + 0.14 * len(lab), "\n".join(lines), fontsize=6, color="#57606a", va="top")
             shown = sorted([f for f in r.factors if f in grow.mark or f == grow.factor], key=lambda f: f != grow.factor)
             for j, f in enumerate(shown[:4]):
                 p = _fmt_p(float(r.precision_at_k(grow.name, f)[qi]))
                 primary = f == grow.factor
-                ax.text(0.16, y + card_h - 0.12 - 0.13 * (len(shown[:4]) - 1 - j), f"P@{r.k} {f}: {p}",
-                        fontsize=6.3, va="bottom", color="#1a7f37" if primary else "#57606a",
-                        fontweight="bold" if primary else "normal")
+                draw_text(0.16, y + card_h - 0.12 - 0.13 * (len(shown[:4]) - 1 - j), f"P@{r.k} {f}: {p}",
+                          fontsize=6.3, va="bottom", color="#1a7f37" if primary else "#57606a",
+                          fontweight="bold" if primary else "normal")
             x = label_w + gap
             row = r.query_rows[qi]
             box(x, y, card_w, card_h, "#0969da", "#f0f6ff", 1.2)
-            ax.text(x + 0.07, y + 0.1, "query" + (f" · #{row}" if row is not None else ""), fontsize=5.8,
-                    color="#57606a", va="center")
+            draw_text(x + 0.07, y + 0.1, "query" + (f" · #{row}" if row is not None else ""), fontsize=5.8,
+                      color="#57606a", va="center")
             content(x, y, ("g", row) if row is not None else ("q", qi), item, r.query_titles[qi], query=True)
             for rank in range(r.k):
                 x = label_w + gap + (rank + 1) * (card_w + gap)
@@ -937,8 +1065,8 @@ def _draw_grid(result: ComparisonResult, path: Path, title: str, thumb_px: int, 
                 box(x, y, card_w, card_h, "#1a7f37" if hit else "#d0d7de", "#f3fbf4" if hit else "white",
                     2.4 if hit else 0.8)
                 d = float(r.distances[grow.name][qi, rank])
-                ax.text(x + 0.07, y + 0.1, f"{'✓ ' if hit else ''}{rank + 1} · #{g} · d={_fmt_d(d)}", fontsize=5.8,
-                        color="#1a7f37" if hit else "#57606a", va="center", fontweight="bold" if hit else "normal")
+                draw_text(x + 0.07, y + 0.1, f"{'✓ ' if hit else ''}{rank + 1} · #{g} · d={_fmt_d(d)}", fontsize=5.8,
+                          color="#1a7f37" if hit else "#57606a", va="center", fontweight="bold" if hit else "normal")
                 content(x, y, ("g", g), r.items[g] if r.items is not None else None, f"item #{g}")
                 cx = x + 0.07
                 for f in _chip_order(r.factors, grow):
@@ -950,8 +1078,8 @@ def _draw_grid(result: ComparisonResult, path: Path, title: str, thumb_px: int, 
                     w = (len(value) + 2.2) * 5.3 * 0.58 / 72
                     if cx + w > x + card_w - 0.03:
                         break
-                    ax.text(cx, y + card_h - 0.1, f"{'✓' if rel else '✗'} {value}", fontsize=5.3, va="center",
-                            color="#116329" if rel else "#8c959f", zorder=4)
+                    draw_text(cx, y + card_h - 0.1, f"{'✓' if rel else '✗'} {value}", fontsize=5.3, va="center",
+                              color="#116329" if rel else "#8c959f", zorder=4)
                     cx += w + 0.05
             y += card_h + gap
     fig.savefig(path, dpi=dpi, facecolor="white")
@@ -983,22 +1111,25 @@ def write_report(result: ComparisonResult, out_dir: str | os.PathLike, *, title:
     Returns
     -------
     ReportPaths
-        ``html`` (``out_dir/index.html``) and ``png`` (``out_dir/grid.png`` or None);
-        ``os.fspath`` of it is the HTML path.
+        ``html`` (``out_dir/index.html``), ``png`` (``out_dir/grid.png`` or None) and
+        ``skipped`` (unreadable images by reason); ``os.fspath`` of it is the HTML path.
 
     Raises
     ------
     ValueError
-        If ``result`` is not a :class:`ComparisonResult`.
+        If ``result`` is not a :class:`ComparisonResult`, or ``thumbnail_px`` is not a
+        positive integer.
     """
     if not isinstance(result, ComparisonResult):
         raise ValueError(f"result must be a ComparisonResult from compare(), got {type(result).__name__}.")
+    thumbs = _Thumbs(_as_int(thumbnail_px, "thumbnail_px"))
+    title = str(title)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     html_path = out / "index.html"
-    html_path.write_text(_Html(result, title, int(thumbnail_px)).render(), encoding="utf-8")
+    html_path.write_text(_Html(result, title, thumbs).render(), encoding="utf-8")
     png_path = None
     if png:
         png_path = out / "grid.png"
-        _draw_grid(result, png_path, title, int(thumbnail_px), float(dpi))
-    return ReportPaths(html=html_path, png=png_path)
+        _draw_grid(result, png_path, title, thumbs, float(dpi))
+    return ReportPaths(html=html_path, png=png_path, skipped=thumbs.skipped())

@@ -1,64 +1,247 @@
-"""Exact, memory-bounded top-k search for every geometry.
+"""Exact, memory-bounded top-k: the one search primitive of anchordiv.
 
 Every geometry satisfies ``pairwise(Q, G) = o(Q)[:, None] − φ(Q) ψ(G)ᵀ`` (the feature-map
 contract of :class:`anchordiv.Geometry`), so exact search is a blocked matrix product
-followed by a running top-k. Memory holds one score block of at most ``memory_budget``
-bytes plus the features; |Q|×|G| is never materialised beyond that.
+followed by a running top-k, in the manner of faiss' ``knn_ground_truth`` / ``ResultHeap``:
+
+* :func:`smallest_k` selects the k smallest of each row, ties broken by the lower index;
+* :class:`TopK` keeps the running result while key blocks are pushed in index order;
+* :func:`knn` feeds every (query block × key block) score matrix into one :class:`TopK`,
+  with optional per-query exclusions; the exact index backend, re-ranking, the report,
+  the command line and :func:`search` all go through it;
+* :func:`distance_matrix` writes the same score blocks into a full matrix (``pairwise``
+  and the AUPRC evaluations).
+
+Block shapes come from ``memory_budget`` (bytes) and the shapes of the problem: one block
+of key features, one score block and the running top-k fit in the budget together.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import torch
-from tqdm.auto import tqdm
 
-from ._backend import Kind, as_tensor
+from ._backend import Kind, positive_int
+from ._progress import progress_bar, progress_scope
 
-#: Default byte budget for one block of scores.
+#: Default byte budget of one search: key-feature block + score block + running top-k.
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 #: Work (multiply-adds) above which a progress bar is shown.
 PROGRESS_WORK = 2e10
+#: Most key rows in one block (larger blocks no longer speed up the GEMM).
+MAX_KEY_BLOCK = 1 << 16
+#: Fraction of the budget given to one block of key features (the rest: scores).
+KEY_SHARE = 0.25
+#: Index of entries that are no result (an empty slot of a shortlist).
+NO_INDEX = torch.iinfo(torch.int64).max
 
 
-def _sorted_topk(scores: torch.Tensor, index: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k smallest of each row, ordered by (distance, index).
+# ------------------------------------------------------------------ selection
+def smallest_k(scores: torch.Tensor, index: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k smallest entries of each row of ``scores``, ordered by (value, index).
 
-    ``index`` holds the global index of every column (ascending along a row, or per row).
-    Ties at the k-th place are resolved by the lower index, deterministically.
+    ``index`` (one row, or one per row) holds the index of every column. Ties, at the k-th
+    place too, go to the lower index, so the result is deterministic.
     """
     n = scores.shape[1]
+    index = index.expand_as(scores)
     if k >= n:
-        order = torch.argsort(index, dim=1, stable=True) if index.ndim == 2 else None
-        if order is not None:
-            scores, index = scores.gather(1, order), index.gather(1, order)
-        else:
-            index = index.expand_as(scores)
+        order = torch.argsort(index, dim=1, stable=True)
+        scores, index = scores.gather(1, order), index.gather(1, order)
         d, o = torch.sort(scores, dim=1, stable=True)
         return d, index.gather(1, o)
-    index = index.expand_as(scores) if index.ndim == 1 or index.shape[0] != scores.shape[0] else index
     top_vals, top_pos = torch.topk(scores, k + 1, dim=1, largest=False, sorted=True)
-    # rows where the (k+1)-th value ties the k-th: the candidate set may be ambiguous
+    # rows whose (k+1)-th value ties the k-th: which tied entries belong in the top k is
+    # decided below by index
     tied = top_vals[:, k] == top_vals[:, k - 1]
-    vals, pos = top_vals[:, :k], top_pos[:, :k]
-    idx = index.gather(1, pos)
-    # order candidates by (distance, index): sort by index, then stable sort by distance
+    vals, idx = top_vals[:, :k], index.gather(1, top_pos[:, :k])
     o = torch.argsort(idx, dim=1, stable=True)
     vals, idx = vals.gather(1, o), idx.gather(1, o)
     o = torch.argsort(vals, dim=1, stable=True)
     vals, idx = vals.gather(1, o), idx.gather(1, o)
     if bool(tied.any()):
         rows = torch.nonzero(tied).flatten()
-        s, i = scores[rows], index[rows]
-        o = torch.argsort(i, dim=1, stable=True)
-        s, i = s.gather(1, o), i.gather(1, o)
-        d, o = torch.sort(s, dim=1, stable=True)
-        vals[rows], idx[rows] = d[:, :k], i.gather(1, o)[:, :k]
+        d, i = smallest_k(scores[rows], index[rows], n)
+        vals[rows], idx[rows] = d[:, :k], i[:, :k]
     return vals, idx
 
 
+class TopK:
+    """The running k smallest distances of ``n`` queries (a result heap).
+
+    Key blocks must be pushed in increasing index order for each query, so that ties keep
+    the lower index. Slots not yet filled hold distance +inf and index :data:`NO_INDEX`.
+    """
+
+    def __init__(self, n: int, k: int, dtype: torch.dtype, device: torch.device):
+        self.k = k
+        self.distances = torch.full((n, k), torch.inf, dtype=dtype, device=device)
+        self.indices = torch.full((n, k), NO_INDEX, dtype=torch.int64, device=device)
+        self.filled = 0
+
+    def push(self, rows: slice, scores: torch.Tensor, index: torch.Tensor) -> None:
+        """Merge ``scores`` (rows × m) with column indices ``index`` (m, or rows × m)."""
+        d, i = smallest_k(scores, index, min(self.k, scores.shape[1]))
+        if self.filled:
+            d = torch.cat([self.distances[rows, :self.filled], d], 1)
+            i = torch.cat([self.indices[rows, :self.filled], i], 1)
+            d, i = smallest_k(d, i, min(self.k, d.shape[1]))
+        self.distances[rows, :d.shape[1]] = d
+        self.indices[rows, :d.shape[1]] = i
+
+    def close_block(self, width: int) -> None:
+        """Record that every query has now seen ``width`` more keys."""
+        self.filled = min(self.k, self.filled + width)
+
+    def result(self, offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(distances, indices); with ``offsets``, the pushed scores were −φᵀψ and o(q) is added."""
+        if offsets is None:
+            return self.distances, self.indices
+        d = offsets[:, None] + self.distances
+        # the order of o − φᵀψ, ties (in the rounded sums) by the lower index
+        return smallest_k(d, self.indices, self.k)
+
+
+# --------------------------------------------------------------------- blocks
+def block_shape(n_q: int, n_keys: int, feature_dim: int, item: int, k: int, memory_budget: int,
+                keys_given: bool = False) -> tuple[int, int]:
+    """(query rows, key rows) of one block under ``memory_budget`` bytes.
+
+    A key block takes at most :data:`KEY_SHARE` of the budget (none when the key features
+    are already stored, ``keys_given``), the score block and the running top-k the rest.
+    """
+    budget = int(memory_budget)
+    per_key = feature_dim * item
+    key_rows = MAX_KEY_BLOCK if keys_given else max(1, int(budget * KEY_SHARE) // per_key)
+    key_rows = max(1, min(n_keys, MAX_KEY_BLOCK, key_rows))
+    left = budget - (0 if keys_given else key_rows * per_key)
+    # per query: one score row, plus the merge of two k-lists (values + int64 indices)
+    per_query = key_rows * item + 4 * k * (item + 8)
+    query_rows = max(1, min(n_q, left // per_query))
+    return query_rows, key_rows
+
+
+def _key_blocks(keys: torch.Tensor | Iterable[torch.Tensor], rows: int) -> Iterator[torch.Tensor]:
+    """Blocks of at most ``rows`` key rows, in order, from one tensor or a sequence of them."""
+    for block in ([keys] if isinstance(keys, torch.Tensor) else keys):
+        for start in range(0, block.shape[0], rows):
+            yield block[start:start + rows]
+
+
+def _scores(offsets: torch.Tensor | None, phi: torch.Tensor, psi: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """o[:, None] − φ ψᵀ into ``out`` (one GEMM); −φ ψᵀ when ``offsets`` is None.
+
+    A row's top-k does not depend on its offset o(q), so the search ranks −φψᵀ and adds
+    o(q) to the k results only, which saves a pass over every score block.
+    """
+    if offsets is None:
+        return torch.addmm(out, phi, psi.T, beta=0, alpha=-1, out=out)
+    out.copy_(offsets[:, None].expand_as(out))
+    return out.addmm_(phi, psi.T, alpha=-1)
+
+
+def _exclude(scores: torch.Tensor, exclude: torch.Tensor | None, rows: slice, k0: int) -> None:
+    """Set the excluded (query, key) pairs of this block to +inf."""
+    if exclude is None:
+        return
+    ex = exclude[rows] - k0
+    hit = (ex >= 0) & (ex < scores.shape[1])
+    if bool(hit.any()):
+        r, c = torch.nonzero(hit, as_tuple=True)
+        scores[r, ex[r, c]] = torch.inf
+
+
+def knn(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor], k: int, *,
+        n_keys: int | None = None, exclude: torch.Tensor | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        keys_given: bool = True, progress: bool | None = None, desc: str = "search") -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k of ``o(q) − φ(q)ᵀψ(g)`` over key features streamed in blocks.
+
+    Parameters
+    ----------
+    offsets, phi : (n, ), (n, D)
+        Query terms.
+    keys : tensor (m, D) or iterable of tensors (m_b, D)
+        Key features ψ in index order; an iterable is consumed once (features computed
+        or read block by block).
+    k : int
+        Neighbours per query (at most the number of keys left after exclusion).
+    n_keys : int, optional
+        Number of keys, for block sizing and the progress bar (default: ``len(keys)``).
+    exclude : (n, e) int64 tensor, optional
+        Key indices each query must not return (−1: none).
+    memory_budget : int
+        Bytes of one score block plus, unless ``keys_given``, one block of key features.
+    keys_given : bool
+        The key features already exist (an index); otherwise blocks are produced on demand.
+
+    Returns
+    -------
+    distances, indices : (n, k)
+        Ascending; ties broken by the lower index.
+    """
+    n_q, D = phi.shape
+    if n_keys is None:
+        n_keys = keys.shape[0] if isinstance(keys, torch.Tensor) else None
+    if exclude is not None and exclude.ndim == 1:
+        exclude = exclude[:, None]
+    q_rows, g_rows = block_shape(n_q, n_keys or MAX_KEY_BLOCK, D, phi.element_size(), k, memory_budget, keys_given)
+    heap = TopK(n_q, k, phi.dtype, phi.device)
+    buffer = torch.empty(q_rows * g_rows, dtype=phi.dtype, device=phi.device)
+    show = progress if progress is not None else float(n_q) * (n_keys or 0) * D > PROGRESS_WORK
+    bar = progress_bar(total=n_keys, show=show, desc=desc, unit="key")
+    k0 = 0
+    for psi in _key_blocks(keys, g_rows):
+        psi = psi.to(phi.dtype)
+        m = psi.shape[0]
+        cols = torch.arange(k0, k0 + m, device=phi.device)
+        for q0 in range(0, n_q, q_rows):
+            rows = slice(q0, min(n_q, q0 + q_rows))
+            scores = _scores(None, phi[rows], psi, buffer[:(rows.stop - q0) * m].view(-1, m))
+            _exclude(scores, exclude, rows, k0)
+            heap.push(rows, scores, cols)
+        heap.close_block(m)
+        k0 += m
+        bar.update(m)
+    bar.close()
+    return heap.result(offsets)
+
+
+def distance_matrix(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor], *,
+                    n_keys: int, memory_budget: int = DEFAULT_MEMORY_BUDGET, keys_given: bool = True,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """The full (n, n_keys) matrix ``o(q) − φ(q)ᵀψ(g)``, computed with the blocks of :func:`knn`."""
+    n_q, D = phi.shape
+    out = torch.empty(n_q, n_keys, dtype=phi.dtype, device=phi.device) if out is None else out
+    _, g_rows = block_shape(n_q, n_keys, D, phi.element_size(), 1, memory_budget, keys_given)
+    k0 = 0
+    for psi in _key_blocks(keys, g_rows):
+        m = psi.shape[0]
+        _scores(offsets, phi, psi.to(phi.dtype), out[:, k0:k0 + m])
+        k0 += m
+    return out
+
+
+# ------------------------------------------------------------------- geometry
+def key_feature_blocks(geometry: Any, G: torch.Tensor, symmetric: bool, rows: int) -> Iterator[torch.Tensor]:
+    """ψ of the rows of ``G``, computed ``rows`` at a time."""
+    for start in range(0, G.shape[0], rows):
+        yield geometry._key_terms(G[start:start + rows], symmetric)
+
+
+def prepare(geometry: Any, Q: Any, G: Any) -> tuple[torch.Tensor, torch.Tensor, Kind]:
+    """Checked compute tensors of ``Q`` and ``G`` in one dtype, and how to return results."""
+    q, kind = geometry._input(Q, "Q")
+    g, _ = geometry._input(G, "G")
+    if q.dtype != g.dtype:
+        dtype = torch.promote_types(q.dtype, g.dtype)
+        q, g = q.to(dtype), g.to(dtype)
+    return q, g, kind
+
+
 def search(geometry: Any, Q: Any, G: Any, k: int = 10, symmetric: bool = True, exclude_self: bool = False,
-           memory_budget: int = DEFAULT_MEMORY_BUDGET, progress: bool | None = None) -> tuple[Any, Any]:
+           memory_budget: int = DEFAULT_MEMORY_BUDGET, progress: bool | None = None,
+           exclude: Any = None) -> tuple[Any, Any]:
     """Exact top-k neighbours of each query under ``geometry`` (lower is closer).
 
     Parameters
@@ -72,56 +255,69 @@ def search(geometry: Any, Q: Any, G: Any, k: int = 10, symmetric: bool = True, e
     symmetric : bool
         Rank by ½[d(q‖g) + d(g‖q)] (eq. F.1) when True, by d(q‖g) otherwise.
     exclude_self : bool
-        Retrieval within one set (Q is G): query i never returns gallery item i.
+        Retrieval within one set: query i never returns gallery item i. Q and G must be
+        the same data (the same object, or equal arrays); otherwise a ``ValueError``.
     memory_budget : int
-        Bytes allowed for one block of scores.
+        Bytes of one key-feature block and one score block together.
     progress : bool, optional
-        Force the progress bar on or off (default: shown for long searches).
+        Force the progress bar on or off (default: shown for long searches); False also
+        silences the bars of the feature maps computed for this search.
+    exclude : array-like (|Q|,) or (|Q|, e) of int, optional
+        Gallery indices that each query must not return, −1 for none (e.g. the query's
+        own row in G when some queries are gallery items).
 
     Returns
     -------
     distances, indices : (|Q|, k)
         Sorted ascending; ties are broken by the lower gallery index.
     """
-    q, kind = geometry._input(Q, "Q")
-    g, _ = geometry._input(G, "G")
-    n_q, n_g = q.shape[0], g.shape[0]
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}.")
-    if exclude_self and n_q != n_g:
-        raise ValueError(f"exclude_self=True needs Q and G to be the same set, got {n_q} and {n_g} rows.")
-    available = n_g - (1 if exclude_self else 0)
+    q, g, kind = prepare(geometry, Q, G)
+    k = positive_int(k, "k")
+    memory_budget = positive_int(memory_budget, "memory_budget")
+    if exclude_self:
+        if exclude is not None:
+            raise ValueError("Pass either exclude_self=True or exclude=..., not both.")
+        check_same_set(Q, G, q, g)
+        exclude = torch.arange(q.shape[0], device=q.device)[:, None]
+    elif exclude is not None:
+        exclude = exclusions(exclude, q.shape[0], g.shape[0], q.device)
+    available = g.shape[0] - (0 if exclude is None else int(exclude.ge(0).sum(1).max()))
     if k > available:
         raise ValueError(f"k={k} exceeds the {available} gallery items available; pass k <= {available}.")
-    if q.dtype != g.dtype:
-        dtype = torch.promote_types(q.dtype, g.dtype)
-        q, g = q.to(dtype), g.to(dtype)
-    offsets, phi = geometry._query_terms(q, symmetric)
-    item = phi.element_size()
-    g_block = max(k + 1, min(n_g, 1 << 16))
-    q_block = max(1, min(n_q, int(memory_budget) // (g_block * item)))
-    work = float(n_q) * n_g * phi.shape[1]
-    show = progress if progress is not None else work > PROGRESS_WORK
-    best_d = best_i = None
-    bar = tqdm(total=n_g, desc=f"search ({type(geometry).__name__})", unit="key", disable=not show, leave=False)
-    for g0 in range(0, n_g, g_block):
-        g1 = min(n_g, g0 + g_block)
-        psi = geometry._key_terms(g[g0:g1], symmetric)
-        cols = torch.arange(g0, g1, device=q.device)
-        part_d, part_i = [], []
-        for q0 in range(0, n_q, q_block):
-            q1 = min(n_q, q0 + q_block)
-            scores = torch.addmm(offsets[q0:q1, None], phi[q0:q1], psi.T, alpha=-1)
-            if exclude_self:
-                rows = torch.arange(q0, q1, device=q.device)
-                scores[(rows[:, None] == cols[None, :])] = torch.inf
-            kk = min(k, g1 - g0)
-            d, i = _sorted_topk(scores, cols, kk)
-            if best_d is not None:
-                d, i = _sorted_topk(torch.cat([best_d[q0:q1], d], 1), torch.cat([best_i[q0:q1], i], 1), min(k, best_d.shape[1] + kk))
-            part_d.append(d)
-            part_i.append(i)
-        best_d, best_i = torch.cat(part_d), torch.cat(part_i)
-        bar.update(g1 - g0)
-    bar.close()
-    return kind.out(best_d), (best_i.cpu().numpy() if kind.is_numpy else best_i)
+    with progress_scope(progress):
+        offsets, phi = geometry._query_terms(q, symmetric)
+        _, rows = block_shape(q.shape[0], g.shape[0], phi.shape[1], phi.element_size(), k, memory_budget)
+        d, i = knn(offsets, phi, key_feature_blocks(geometry, g, symmetric, rows), k, n_keys=g.shape[0],
+                   exclude=exclude, memory_budget=memory_budget, keys_given=False, progress=progress,
+                   desc=f"search ({type(geometry).__name__})")
+    return kind.out(d), (i.cpu().numpy() if kind.is_numpy else i)
+
+
+def exclusions(exclude: Any, n_q: int, n_keys: int, device: torch.device) -> torch.Tensor:
+    """``exclude`` as an (n_q, e) int64 tensor of key indices in [−1, n_keys), or a ``ValueError``."""
+    t = torch.as_tensor(exclude.cpu() if isinstance(exclude, torch.Tensor) else exclude)
+    if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
+        raise ValueError(f"exclude must hold integer gallery indices (−1 for none), got dtype {t.dtype}.")
+    t = t.to(torch.int64)
+    if t.ndim == 1:
+        t = t[:, None]
+    if t.ndim != 2 or t.shape[0] != n_q:
+        raise ValueError(f"exclude must have one row per query ({n_q}), got shape {tuple(t.shape)}.")
+    if t.numel() and (int(t.min()) < -1 or int(t.max()) >= n_keys):
+        raise ValueError(f"exclude holds indices outside [-1, {n_keys}); pass gallery row numbers or -1.")
+    return t.to(device)
+
+
+def check_same_set(Q: Any, G: Any, q: torch.Tensor, g: torch.Tensor) -> None:
+    """Raise unless ``Q`` and ``G`` are the same data (one object, or equal values)."""
+    if Q is G:
+        return
+    if q.shape == g.shape and bool(torch.equal(q, g.to(q.dtype))):
+        return
+    raise ValueError(
+        "exclude_self=True needs Q and G to be the same data (pass the same array twice); "
+        f"got different arrays ({q.shape[0]} and {g.shape[0]} rows). To search another set, drop exclude_self."
+    )
+
+
+__all__ = ["search", "knn", "distance_matrix", "smallest_k", "TopK", "block_shape", "DEFAULT_MEMORY_BUDGET"]

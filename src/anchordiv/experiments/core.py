@@ -677,9 +677,23 @@ def write_outputs(result: ProtocolResult, out_dir: str | os.PathLike | None, mar
 # --------------------------------------------------------------------------- misc
 def progress_bar(total: int, desc: str, progress: bool | None):
     """A tqdm bar (shown on a terminal when ``progress`` is None)."""
-    from tqdm.auto import tqdm
+    from .._progress import progress_bar as bar
 
-    return tqdm(total=total, desc=desc, disable=(None if progress is None else not progress), leave=False)
+    return bar(total=total, desc=desc, show=progress)
+
+
+def honours_progress(protocol):
+    """Run ``protocol`` so that ``progress=False`` silences every bar it opens, nested ones included."""
+    import functools
+
+    from .._progress import progress_scope
+
+    @functools.wraps(protocol)
+    def run(*args, **kwargs):
+        with progress_scope(kwargs.get("progress")):
+            return protocol(*args, **kwargs)
+
+    return run
 
 
 def check_seed(seed: Any) -> int:
@@ -691,9 +705,9 @@ def check_seed(seed: Any) -> int:
 
 def check_positive_int(value: Any, name: str) -> int:
     """``value`` as a positive int, else a ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-    return int(value)
+    from .._backend import positive_int
+
+    return positive_int(value, name)
 
 
 def draw_seed(seed: int, *parts: int) -> int:

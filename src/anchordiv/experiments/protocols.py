@@ -50,6 +50,7 @@ from .core import (
     markdown_table,
     min_anchors,
     paired_effect,
+    honours_progress,
     progress_bar,
     resolve_tau,
     score,
@@ -136,6 +137,7 @@ def _config(protocol: str, data: EvalData | None, seconds: float, **params: Any)
 
 
 # ============================================================================ coordinate
+@honours_progress
 def coordinate(data: EvalData, anchors_a: AnchorSet, anchors_b: AnchorSet, factor_a: str, factor_b: str, *,
                models: Sequence[str] = ("softmax",), baselines: Sequence[str] = ("cosine",),
                proportions: Sequence[float] | None = None, n_draws: int = 5, anchor_fraction: float = 0.8,
@@ -328,6 +330,7 @@ def _default_budgets(n: int) -> list[int]:
     return out + [n]
 
 
+@honours_progress
 def budget(data: EvalData, anchors: AnchorSet, factor: str, *, budgets: Sequence[int] | None = None,
            models: Sequence[str] = ANCHOR_MODELS, baselines: Sequence[str] = BASELINES, n_draws: int = 5,
            tau: float | None = None, model_params: Mapping[str, Mapping[str, Any]] | None = None,
@@ -516,6 +519,7 @@ def _budget_verdicts(budgets, models, groups, by, n_boot, seed, N) -> list[str]:
 _ADAPT_DEFAULTS = {"latent_gaussian": {"rank": 128}, "latent_spherical": {"rank": 128}}
 
 
+@honours_progress
 def adaptation(data: EvalData, broad: AnchorSet, target: AnchorSet, factor: str, *,
                budgets: Sequence[int] | None = None, models: Sequence[str] = POSTERIOR_MODELS,
                references: Sequence[str] = ("softmax", "cosine"), include_broad: bool = True, n_draws: int = 5,
@@ -742,6 +746,7 @@ def _entries(entries: Any, data: EvalData, what: str) -> list[tuple[str, AnchorS
     return out
 
 
+@honours_progress
 def components(data: EvalData, anchor_sets: Any, *, n_components: Sequence[int] = (1, 2, 4, 8),
                n_draws: int = 3, references: Sequence[str] = ("softmax", "cosine"), tau: float | None = None,
                model_params: Mapping[str, Mapping[str, Any]] | None = None, out_dir: Any = None, seed: int = 0,
@@ -900,6 +905,7 @@ def components(data: EvalData, anchor_sets: Any, *, n_components: Sequence[int] 
 
 
 # ================================================================================ table
+@honours_progress
 def table(data: EvalData, entries: Any, *, models: Sequence[str] = ("softmax",),
           baselines: Sequence[str] = BASELINES, per_value: bool | Sequence[Any] = False, n_draws: int = 1,
           anchor_fraction: float = 1.0, tau: float | None = None,
@@ -1125,6 +1131,7 @@ def load_benchmark(bench_dir: Any = None) -> Any:
     return module
 
 
+@honours_progress
 def runtime(*, models: Sequence[str] = RUNTIME_MODELS, n_anchors: Sequence[int] = (256, 1024, 4096),
             n_queries: int = 200, n_gallery: int = 2000, repeats: int = 2, bench_dir: Any = None,
             out_dir: Any = None, progress: bool | None = None) -> ProtocolResult:

@@ -9,16 +9,8 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import torch
 
-from ..search import DEFAULT_MEMORY_BUDGET, _sorted_topk
-
-
-def positive_int(value: Any, name: str, allow_none: bool = False) -> int | None:
-    """``value`` as an int ≥ 1, or a ``ValueError`` naming ``name``."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}.")
-    return int(value)
+from .._backend import positive_int  # noqa: F401  (re-exported for the backends)
+from ..search import DEFAULT_MEMORY_BUDGET, NO_INDEX, smallest_k
 
 
 def margin_value(value: Any) -> float:
@@ -141,9 +133,9 @@ def rerank(offsets: torch.Tensor, phi: torch.Tensor, cand_psi: torch.Tensor, can
     missing = cand_pos < 0
     scores = scores.masked_fill(missing, torch.inf)
     # empty slots sort after every real candidate: give them the largest positions
-    order_pos = cand_pos.masked_fill(missing, torch.iinfo(torch.int64).max)
-    d, p = _sorted_topk(scores, order_pos, k)
-    gone = p == torch.iinfo(torch.int64).max
+    order_pos = cand_pos.masked_fill(missing, NO_INDEX)
+    d, p = smallest_k(scores, order_pos, k)
+    gone = p == NO_INDEX
     if bool(gone.any()):
         p = p.masked_fill(gone, -1)
         d = d.masked_fill(gone, torch.inf)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ._common import DEFAULT_MEMORY_BUDGET, Backend, positive_int
-from ..search import _sorted_topk
+from ..search import knn
 
 #: Rows per stored block of key features (also the gallery block of one score matrix).
 BLOCK_ROWS = 1 << 16
@@ -18,9 +18,9 @@ class ExactBackend(Backend):
     """Stores ψ(g) for every key and searches exactly with blocked matrix products.
 
     The features keep the dtype of the first batch added (float32 or float64) and live on
-    the model's device. A search holds one (query block × ``BLOCK_ROWS``) score matrix of
-    at most ``memory_budget`` bytes, as :func:`anchordiv.search.search` does, and gives the
-    same distances and the same tie-breaking (lower position first).
+    the model's device. A search is :func:`anchordiv.search.knn` over the stored blocks:
+    one score block of at most ``memory_budget`` bytes, the same distances and the same
+    tie-breaking (lower position first) as :func:`anchordiv.search.search`.
 
     Parameters
     ----------
@@ -53,32 +53,12 @@ class ExactBackend(Backend):
         self.blocks = blocks
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
-               positions_of: Callable[[np.ndarray], np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+               positions_of: Callable[[np.ndarray], np.ndarray],
+               exclude: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact top-k positions; ``exclude`` (n_q, e) holds positions each query must skip."""
         dtype = torch.promote_types(phi.dtype, self.dtype)
-        offsets, phi = offsets.to(dtype), phi.to(dtype)
-        n_q = phi.shape[0]
-        item = phi.element_size()
-        q_block = max(1, min(n_q, self.params["memory_budget"] // (BLOCK_ROWS * item)))
-        best_d = best_i = None
-        g0 = 0
-        for block in self.blocks:
-            psi = block.to(dtype)
-            g1 = g0 + psi.shape[0]
-            cols = torch.arange(g0, g1, device=phi.device)
-            part_d, part_i = [], []
-            for q0 in range(0, n_q, q_block):
-                q1 = min(n_q, q0 + q_block)
-                scores = torch.addmm(offsets[q0:q1, None], phi[q0:q1], psi.T, alpha=-1)
-                kk = min(k, g1 - g0)
-                d, i = _sorted_topk(scores, cols, kk)
-                if best_d is not None:
-                    d, i = _sorted_topk(torch.cat([best_d[q0:q1], d], 1), torch.cat([best_i[q0:q1], i], 1),
-                                        min(k, best_d.shape[1] + kk))
-                part_d.append(d)
-                part_i.append(i)
-            best_d, best_i = torch.cat(part_d), torch.cat(part_i)
-            g0 = g1
-        return best_d, best_i
+        return knn(offsets.to(dtype), phi.to(dtype), self.blocks, k, n_keys=n, exclude=exclude,
+                   memory_budget=self.params["memory_budget"], keys_given=True, progress=False)
 
     def state(self, n: int) -> dict:
         return {"blocks": [b.detach().cpu() for b in self.blocks]}

@@ -8,11 +8,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._backend import positive_int
 from ..models.base import EuclideanModel, Geometry
 from ._common import Backend
 from ._exact import ExactBackend
 from ._faiss import FaissBackend
 from ._milvus import MilvusBackend
+from ..search import NO_INDEX, smallest_k
 from ._storage import FORMAT, VERSION, atomic_save, geometry_from_dict, geometry_to_dict, read_payload
 
 #: Backends by name.
@@ -99,6 +101,8 @@ class Index:
         self._ids = np.zeros(0, dtype=np.int64) if ids is None else ids
         self._dim = dim
         self._lookup: tuple[np.ndarray, np.ndarray] | None = None
+        if isinstance(backend, MilvusBackend):
+            backend.bind(model, symmetric)  # named in the fingerprint of the collection it creates
 
     # -------------------------------------------------------------- properties
     @property
@@ -175,19 +179,24 @@ class Index:
             )
         return new
 
-    def _positions_of(self, ids: np.ndarray) -> np.ndarray:
+    def _find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, found) of ``ids`` among the stored ids (positions valid where found)."""
         if self._lookup is None:
             order = np.argsort(self._ids, kind="stable")
             self._lookup = (self._ids[order], order)
         sorted_ids, order = self._lookup
         at = np.clip(np.searchsorted(sorted_ids, ids), 0, max(0, len(sorted_ids) - 1))
-        found = sorted_ids[at] == ids if len(sorted_ids) else np.zeros(len(ids), bool)
+        found = sorted_ids[at] == ids if len(sorted_ids) else np.zeros(np.shape(ids), bool)
+        return order[at], found
+
+    def _positions_of(self, ids: np.ndarray) -> np.ndarray:
+        positions, found = self._find(ids)
         if not found.all():
             raise RuntimeError(
                 f"The {self.backend} store returned id(s) {np.asarray(ids)[~found][:5].tolist()} that this index never "
                 "added; it was changed outside this index."
             )
-        return order[at]
+        return positions
 
     # ------------------------------------------------------------------- API
     def add(self, G: Any, ids: Any = None) -> "Index":
@@ -214,7 +223,7 @@ class Index:
         self._lookup = None
         return self
 
-    def search(self, Q: Any, k: int = 10) -> tuple[Any, Any]:
+    def search(self, Q: Any, k: int = 10, exclude: Any = None) -> tuple[Any, Any]:
         """The k stored vectors closest to each query.
 
         Parameters
@@ -223,6 +232,8 @@ class Index:
             Queries (numpy in → numpy out, torch in → torch out).
         k : int
             Neighbours per query, at most ``len(index)``.
+        exclude : array-like (|Q|,) or (|Q|, e) of int, optional
+            Ids that each query must not return (−1 for none), e.g. a query's own id.
 
         Returns
         -------
@@ -234,21 +245,44 @@ class Index:
             candidates for a query fills the rest with id −1 and distance inf (with a
             ``RuntimeWarning``).
         """
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}.")
-        k = int(k)
+        k = positive_int(k, "k")
         if len(self) == 0:
             raise ValueError("This index is empty; add vectors with .add(G) before searching.")
         if k > len(self):
             raise ValueError(f"k={k} exceeds the {len(self)} vectors in the index; pass k <= {len(self)}.")
         q, kind = self._vectors(Q, "Q")
+        ex = None if exclude is None else self._excluded_positions(exclude, q.shape[0], k, q.device)
         offsets, phi = self._model._query_terms(q, self._symmetric)
-        dist, pos = self._backend.search(offsets, phi, k, len(self), self._positions_of)
+        if ex is None:
+            dist, pos = self._backend.search(offsets, phi, k, len(self), self._positions_of)
+        elif isinstance(self._backend, ExactBackend):
+            dist, pos = self._backend.search(offsets, phi, k, len(self), self._positions_of, exclude=ex)
+        else:  # an approximate index: fetch e more candidates, drop the excluded ones
+            extra = min(len(self), k + ex.shape[1])
+            dist, pos = self._backend.search(offsets, phi, extra, len(self), self._positions_of)
+            dropped = (pos[:, :, None] == ex[:, None, :]).any(-1) | (pos < 0)
+            dist, pos = smallest_k(dist.masked_fill(dropped, torch.inf), pos.masked_fill(dropped, NO_INDEX), k)
+            pos = pos.masked_fill(pos == NO_INDEX, -1)
         pos_np = pos.cpu().numpy()
         ids = np.where(pos_np >= 0, self._ids[np.clip(pos_np, 0, None)], -1).astype(np.int64)
         if kind.is_numpy:
             return kind.out(dist), ids
         return kind.out(dist.to(q.device)), torch.from_numpy(ids).to(q.device)
+
+    def _excluded_positions(self, exclude: Any, n_q: int, k: int, device: torch.device) -> torch.Tensor:
+        """Positions (n_q, e) of the ids each query excludes (−1: none); unknown ids are ignored."""
+        ids = exclude.detach().cpu().numpy() if isinstance(exclude, torch.Tensor) else np.asarray(exclude)
+        if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"exclude must hold integer ids (−1 for none), got dtype {ids.dtype}.")
+        ids = ids.astype(np.int64).reshape(n_q, -1) if ids.ndim == 1 and ids.shape[0] == n_q else ids.astype(np.int64)
+        if ids.ndim != 2 or ids.shape[0] != n_q:
+            raise ValueError(f"exclude must have one row of ids per query ({n_q}), got shape {ids.shape}.")
+        positions, found = self._find(ids)
+        known = found & (ids != -1)
+        pos = np.where(known, positions, -1)
+        if k > len(self) - int(known.sum(1).max(initial=0)):
+            raise ValueError(f"k={k} exceeds the vectors left after excluding; pass a smaller k.")
+        return torch.from_numpy(pos).to(device)
 
     def close(self) -> None:
         """Release the backend's connection (milvus); the index cannot be used afterwards."""
@@ -278,7 +312,7 @@ class Index:
         atomic_save(payload, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, device: Any = None, **params: Any) -> "Index":
+    def load(cls, path: str | os.PathLike, device: Any = None, *, resync: bool = False, **params: Any) -> "Index":
         """Read an index written by :meth:`save`.
 
         Parameters
@@ -286,10 +320,28 @@ class Index:
         path : str or PathLike
         device : torch device, optional
             Where the model (and the exact backend's features) go; default CPU.
+        resync : bool
+            Milvus only: rebuild the id list from the collection, for a collection with rows
+            added after the file was saved (a crash before ``save``). The collection must
+            hold the file's model, ``symmetric`` setting, dimension and layout; the file's
+            ids it holds keep their order, the others follow in ascending order (Milvus keeps
+            no insertion order). Without it such a collection raises a ``ValueError``.
         **params
             Run-time parameters to change: ``memory_budget`` (all), ``shortlist``,
             ``ef_search``, ``nprobe`` (faiss, milvus), and the connection ``uri``,
-            ``token``, ``db_name``, ``consistency_level`` (milvus).
+            ``token``, ``db_name``, ``consistency_level`` (milvus). A ``token`` is sent
+            only to a ``uri`` given in the same call, never to the uri the file names.
+
+        Notes
+        -----
+        What a file is trusted with: an index file is read with
+        ``torch.load(weights_only=True)``, which rebuilds tensors, numbers, strings, lists
+        and dicts only, and the model class is looked up by its registry name
+        (:func:`anchordiv.register_model` for one's own geometries); nothing a file names
+        is imported or run. A crafted file can therefore make searches return wrong
+        neighbours (its vectors and model are data), and a milvus file names the server
+        that is contacted without credentials; it cannot run code, read other files, or
+        receive a token. Load indexes from sources you trust for their *results*.
 
         Raises
         ------
@@ -317,11 +369,26 @@ class Index:
             )
         if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64 or ids.ndim != 1:
             raise ValueError(f"{source!r} is corrupt: its ids are not a 1-D int64 tensor.")
+        uniq, counts = np.unique(ids.numpy(), return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(
+                f"{source!r} is corrupt: it lists the id(s) {uniq[counts > 1][:5].tolist()} more than once; "
+                "every id of an index is unique. Rebuild the index from its collection."
+            )
+        if params.get("token") is not None and params.get("uri") is None:
+            raise ValueError(
+                f"{source!r} names the Milvus uri {saved.get('uri')!r}; a token is sent only to a uri you name. "
+                f"Pass uri= explicitly with token= (e.g. Index.load(path, uri={saved.get('uri')!r}, token=...))."
+            )
         if not isinstance(saved, dict) or not isinstance(store, dict):
             raise ValueError(f"{source!r} is corrupt: backend parameters or store are malformed.")
         dev = torch.device(device) if device is not None else torch.device("cpu")
         model = geometry_from_dict(payload["model"], dev, source)
         ids_np = ids.numpy().copy()
+        if resync:
+            if backend_name != "milvus":
+                raise ValueError(f"resync=True applies to milvus indexes only; {source!r} is a {backend_name!r} index.")
+            ids_np, store = MilvusBackend.resync({**saved, **params}, model, symmetric, store, ids_np, source)
         backend = backend_cls.restore({**saved, **params}, isinstance(model, EuclideanModel), store, len(ids_np), source)
         backend.to(dev)
         self = cls.__new__(cls)

@@ -5,12 +5,17 @@ Connection and collection layout are described in :mod:`anchordiv.index`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import uuid
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from ..models import registry
+from ..models.base import EuclideanModel
 from ._common import (DEFAULT_MEMORY_BUDGET, Backend, margin_value, positive_int, query_blocks, rerank,
                       shortlist_size, warn_missing)
 from ._layout import VectorLayout
@@ -23,6 +28,13 @@ MAX_LIMIT = 16384
 INSERT_BYTES = 16 * 2**20
 #: Ids per ``get`` request when stored vectors are read back.
 GET_BATCH = 2048
+#: Collection property that holds the fingerprint of the index stored in it.
+FINGERPRINT_KEY = "anchordiv.fingerprint"
+#: Fingerprint entries that name what a collection holds: another value means another index.
+IDENTITY = ("model", "symmetric", "dim", "layout", "build")
+#: Fingerprint entries that change as rows are added (``M`` grows when keys are re-augmented).
+CONTENT = ("ids", "M")
+_MASK = (1 << 64) - 1
 
 
 def import_pymilvus(lite: bool):
@@ -48,6 +60,111 @@ def import_pymilvus(lite: bool):
 def is_lite(uri: str) -> bool:
     """Whether ``uri`` names a local milvus-lite file rather than a server."""
     return "://" not in uri
+
+
+def _feed(h: Any, value: Any) -> None:
+    """Hash ``value`` deterministically: tensors by their float64 (or int64) values, the rest by repr."""
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu()
+        t = t.to(torch.complex128 if t.is_complex() else torch.float64 if t.is_floating_point() else torch.int64)
+        h.update(f"tensor{tuple(t.shape)}{t.dtype}:".encode())
+        h.update(t.contiguous().numpy().tobytes())
+    elif isinstance(value, dict):
+        h.update(b"{")
+        for k in sorted(value, key=str):
+            _feed(h, str(k))
+            _feed(h, value[k])
+        h.update(b"}")
+    elif isinstance(value, (list, tuple)):
+        h.update(b"[")
+        for v in value:
+            _feed(h, v)
+        h.update(b"]")
+    elif isinstance(value, torch.device):
+        h.update(b"device;")  # where a model lives is not what it is
+    elif isinstance(value, np.generic):
+        _feed(h, value.item())
+    elif isinstance(value, float):
+        h.update(f"f{float(value)!r};".encode())
+    else:
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+def model_digest(model: Any) -> str:
+    """``"<registry name>:<sha256>"`` of a fitted geometry's class, parameters and public fitted attributes.
+
+    Private attributes (caches) and the device are left out, so a model and its
+    save/load round trip (on any device) have the same digest.
+    """
+    cls = type(model)
+    name = next((n for n, c in registry().items() if c is cls), f"{cls.__module__}.{cls.__qualname__}")
+    h = hashlib.sha256()
+    _feed(h, f"{cls.__module__}.{cls.__qualname__}")
+    _feed(h, model.get_params())
+    _feed(h, {k: v for k, v in vars(model).items() if not k.startswith("_") and k != "device_"})
+    return f"{name}:{h.hexdigest()}"
+
+
+def ids_digest(ids: np.ndarray, previous: str | None = None) -> str:
+    """Order-independent ``"<count>:<hash>"`` of an id set; ``previous`` is the digest of the ids stored before.
+
+    The hash is the sum modulo 2⁶⁴ of splitmix64(id), so it is updated per batch.
+    """
+    count, total = (0, 0) if previous is None else (int(previous.split(":")[0]), int(previous.split(":")[1], 16))
+    z = np.asarray(ids, dtype=np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    total = (total + int(z.sum(dtype=np.uint64))) & _MASK
+    return f"{count + len(z)}:{total:016x}"
+
+
+def _short(value: Any) -> Any:
+    """A model digest cut to its name and 12 hex digits, for messages."""
+    if isinstance(value, str) and ":" in value:
+        name, _, digest = value.partition(":")
+        return f"{name}:{digest[:12]}…"
+    return value
+
+
+def _lite_locked(path: str) -> bool:
+    """Whether another process holds the LOCK of milvus-lite file ``path`` (False when it cannot tell)."""
+    try:
+        import fcntl
+        from milvus_lite.server_manager import server_manager_instance
+    except ImportError:
+        return False
+    served = getattr(server_manager_instance, "_servers", None)
+    if served is None or path in served:
+        return False  # this process serves it (or the layout is unknown)
+    try:
+        fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # also releases a lock taken just now
+    return False
+
+
+def _connect(pymilvus: Any, p: dict) -> Any:
+    """A ``MilvusClient`` for ``p``; a milvus-lite file held by another process is a clear ``RuntimeError``."""
+    held = (f"The milvus-lite file {p['uri']!r} is held open by another process (milvus-lite serves one process "
+            "at a time); close it there, or share the gallery through a Milvus server (uri=\"http://host:19530\").")
+    lite = is_lite(p["uri"])
+    if lite and _lite_locked(p["uri"]):  # checked first: milvus-lite would log a traceback and fail obscurely
+        raise RuntimeError(held)
+    try:
+        return pymilvus.MilvusClient(uri=p["uri"], token=p["token"] or "", db_name=p["db_name"] or "")
+    except Exception:
+        if lite and _lite_locked(p["uri"]):  # taken in the meantime
+            raise RuntimeError(held) from None
+        raise
 
 
 def _uri(value: Any) -> str:
@@ -108,6 +225,13 @@ class MilvusBackend(Backend):
         Milvus consistency level of searches and counts ("Strong" sees every insert).
     memory_budget : int
         Bytes allowed for the candidate features re-ranked at once.
+
+    Notes
+    -----
+    The collection carries a fingerprint (property ``anchordiv.fingerprint``): the model
+    digest, ``symmetric``, vector dimension, layout and its bound M, a build id and a digest
+    of the stored ids, updated by every add and saved in the index file. Loading, adding
+    and searching refuse a collection whose fingerprint differs from the index's.
     """
 
     name = "milvus"
@@ -138,9 +262,12 @@ class MilvusBackend(Backend):
         super().__init__(params, euclidean)
         p = self.params
         self.pymilvus = import_pymilvus(is_lite(p["uri"]))
-        self.client = self.pymilvus.MilvusClient(uri=p["uri"], token=p["token"] or "", db_name=p["db_name"] or "")
+        self.client = _connect(self.pymilvus, p)
         self.layout: VectorLayout | None = None
         self.created = False
+        #: What the collection holds (see :meth:`_new_fingerprint`); kept in it and in the index file.
+        self.fingerprint: dict | None = None
+        self.model, self.symmetric = None, True
         name = p["collection_name"]
         if create and self.client.has_collection(name):
             if not p["overwrite"]:
@@ -150,8 +277,68 @@ class MilvusBackend(Backend):
                 )
             self.client.drop_collection(name)
 
+    def bind(self, model: Any, symmetric: bool) -> None:
+        """The model and ``symmetric`` flag of the owning index (named in the collection's fingerprint)."""
+        self.model, self.symmetric = model, bool(symmetric)
+
+    # --------------------------------------------------------- fingerprint
+    def _new_fingerprint(self, dim: int, bound: float | None) -> dict:
+        """Fingerprint of a new collection: model digest, symmetric flag, vector dimension, layout
+        (``"euclidean"`` or ``"augmented"`` with its bound ``M``), a random build id and the ids digest.
+        """
+        return {"model": None if self.model is None else model_digest(self.model), "symmetric": self.symmetric,
+                "dim": int(dim), "layout": "euclidean" if self.euclidean else "augmented",
+                "M": bound, "build": uuid.uuid4().hex, "ids": ids_digest(np.zeros(0, np.int64))}
+
+    def _stored_fingerprint(self) -> dict | None:
+        """The fingerprint the collection holds (None when it has none), or ``ValueError`` when it is gone."""
+        name = self.params["collection_name"]
+        try:
+            props = self.client.describe_collection(name).get("properties") or {}
+        except Exception:
+            if not self.client.has_collection(name):
+                raise ValueError(f"Milvus collection {name!r} at {self.params['uri']} does not exist.") from None
+            raise
+        raw = props.get(FINGERPRINT_KEY)
+        return None if raw is None else json.loads(raw)
+
+    def _set_fingerprint(self, fingerprint: dict) -> None:
+        self.client.alter_collection_properties(self.params["collection_name"],
+                                                properties={FINGERPRINT_KEY: json.dumps(fingerprint, sort_keys=True)})
+        self.fingerprint = fingerprint
+
+    def _replaced(self, stored: dict | None, expected: dict, owner: str) -> ValueError | None:
+        """The error for a collection whose identity differs from ``expected`` (None when it matches)."""
+        stored = stored or {}
+        diff = [k for k in IDENTITY if stored.get(k) != expected.get(k)]
+        if not diff:
+            return None
+        diff += [k for k in CONTENT if stored.get(k) != expected.get(k)]
+        what = "; ".join(f"{k}: {_short(expected.get(k))!r} expected, {_short(stored.get(k))!r} found" for k in diff)
+        name = self.params["collection_name"]
+        return ValueError(
+            f"Milvus collection {name!r} at {self.params['uri']} is not the one {owner} was built in ({what}): "
+            "it was replaced (dropped and rebuilt, e.g. by another index with overwrite=True). Load the index "
+            "file saved with that collection, or rebuild this index in its own collection_name."
+        )
+
+    def _check(self) -> None:
+        """Refuse to use a collection that no longer holds this index."""
+        if self.fingerprint is None:
+            return
+        stored = self._stored_fingerprint()
+        err = self._replaced(stored, self.fingerprint, "this index")
+        if err is not None:
+            raise err
+        if any(stored.get(k) != self.fingerprint.get(k) for k in CONTENT):
+            raise ValueError(
+                f"Milvus collection {self.params['collection_name']!r} at {self.params['uri']} was changed outside "
+                "this index (rows added or re-written by another process); reload it with "
+                "Index.load(<saved file>, resync=True)."
+            )
+
     # ------------------------------------------------------------ building
-    def _create(self, dim: int) -> None:
+    def _create(self, dim: int, bound: float | None) -> None:
         p, DataType = self.params, self.pymilvus.DataType
         schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field(ID_FIELD, DataType.INT64, is_primary=True)
@@ -165,7 +352,9 @@ class MilvusBackend(Backend):
             # milvus-lite reads build parameters from a JSON "params" entry; pymilvus sends them flattened
             index_params[0].get_index_configs()["params"] = dict(build)
         name = p["collection_name"]
-        self.client.create_collection(name, schema=schema, consistency_level=p["consistency_level"])
+        fingerprint = self._new_fingerprint(dim, bound)
+        self.client.create_collection(name, schema=schema, consistency_level=p["consistency_level"],
+                                      properties={FINGERPRINT_KEY: json.dumps(fingerprint, sort_keys=True)})
         try:
             # an empty collection: the index is registered at once and built as segments fill
             self.client.create_index(name, index_params, sync=False)
@@ -173,7 +362,7 @@ class MilvusBackend(Backend):
         except Exception:
             self.client.drop_collection(name)  # leave nothing half-made behind
             raise
-        self.created = True
+        self.created, self.fingerprint = True, fingerprint
 
     def _write(self, ids: np.ndarray, vectors: np.ndarray, upsert: bool = False) -> None:
         name = self.params["collection_name"]
@@ -200,23 +389,31 @@ class MilvusBackend(Backend):
         return np.concatenate(out) if out else np.zeros((0, self.layout.vector_dim), np.float32)
 
     def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
+        if self.created:
+            self._check()
         layout = self.layout
         if layout is None:
             layout = VectorLayout(self.euclidean, psi.shape[1], self.params["norm_margin"])
             layout.grow(psi)
         elif not layout.fits(psi):
-            # a key norm above M: re-augment every stored key with a larger M
+            # a key norm above M: re-augment every stored key with a larger M, announced first so
+            # that a crash part-way leaves a collection the saved file no longer matches
             layout = VectorLayout.from_state(layout.state())
             layout.grow(psi)
+            if self.fingerprint is not None:
+                self._set_fingerprint({**self.fingerprint, "M": layout.max_norm})
             for s in range(0, len(stored_ids), GET_BATCH * 8):
                 chunk = stored_ids[s:s + GET_BATCH * 8]
                 self._write(chunk, layout.keys(self._stored(self._read(chunk))), upsert=True)
             self.layout = layout
         vectors = layout.keys(psi)
         if not self.created:
-            self._create(vectors.shape[1])
+            self._create(vectors.shape[1], layout.max_norm)
         try:
             self._write(ids, vectors)
+            if self.fingerprint is not None:
+                self._set_fingerprint({**self.fingerprint, "M": layout.max_norm,
+                                       "ids": ids_digest(ids, self.fingerprint["ids"])})
         except Exception:
             try:
                 self.client.delete(self.params["collection_name"], ids=[int(i) for i in ids])
@@ -252,6 +449,7 @@ class MilvusBackend(Backend):
                positions_of: Callable[[np.ndarray], np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         if k > MAX_LIMIT:
             raise ValueError(f"k={k} exceeds the {MAX_LIMIT} results a Milvus search returns; use a smaller k.")
+        self._check()
         p, layout = self.params, self.layout
         s = min(shortlist_size(p["shortlist"], k, n), MAX_LIMIT)
         per_query = s * (layout.vector_dim + 2) * (8 + phi.element_size())
@@ -263,12 +461,13 @@ class MilvusBackend(Backend):
                                       search_params=self._search_params(s), output_fields=[VECTOR_FIELD],
                                       consistency_level=p["consistency_level"])
             cand = np.full((len(y), s), -1, dtype=np.int64)
+            valid = np.zeros((len(y), s), dtype=bool)  # not cand >= 0: ids may be negative
             vecs = np.zeros((len(y), s, layout.vector_dim), dtype=np.float32)
             for r, row in enumerate(hits):
                 if len(row):
                     cand[r, :len(row)] = [h[ID_FIELD] for h in row]
+                    valid[r, :len(row)] = True
                     vecs[r, :len(row)] = np.asarray([h["entity"][VECTOR_FIELD] for h in row], dtype=np.float32)
-            valid = cand >= 0
             pos = np.full_like(cand, -1)
             pos[valid] = positions_of(cand[valid])
             psi = self._stored(vecs).to(phi.device)
@@ -293,30 +492,95 @@ class MilvusBackend(Backend):
             self.client.flush(self.params["collection_name"])
 
     def state(self, n: int) -> dict:
-        return {"layout": None if self.layout is None else self.layout.state(), "created": self.created}
+        return {"layout": None if self.layout is None else self.layout.state(), "created": self.created,
+                "fingerprint": self.fingerprint}
 
     @classmethod
     def restore(cls, params: dict, euclidean: bool, state: dict, n: int, source: str) -> "MilvusBackend":
         self = cls(params, euclidean, create=False)
-        layout, name = state.get("layout"), self.params["collection_name"]
-        self.created = bool(state.get("created"))
+        try:
+            self._restore(state, n, source)
+        except BaseException:
+            self.client.close()
+            raise
+        return self
+
+    def _restore(self, state: dict, n: int, source: str) -> None:
+        """Reopen the collection of a saved index; refuse one that does not hold what the file lists."""
+        layout, name, uri = state.get("layout"), self.params["collection_name"], self.params["uri"]
+        self.created, self.fingerprint = bool(state.get("created")), state.get("fingerprint")
         if layout is not None:
             self.layout = VectorLayout.from_state(layout)
-        if self.created:
-            if not self.client.has_collection(name):
-                raise ValueError(
-                    f"{source!r} refers to Milvus collection {name!r} at {self.params['uri']}, which does not exist."
-                )
-            self.client.load_collection(name)
-            rows = self.count()
-            if rows != n:
-                raise ValueError(
-                    f"{source!r} lists {n} ids but Milvus collection {name!r} at {self.params['uri']} holds {rows} rows; "
-                    "the collection was changed after the index was saved."
-                )
-        elif n:
-            raise ValueError(f"{source!r} is corrupt: it lists {n} ids but no Milvus collection.")
-        return self
+        if not self.created:
+            if n:
+                raise ValueError(f"{source!r} is corrupt: it lists {n} ids but no Milvus collection.")
+            return
+        if not self.client.has_collection(name):
+            raise ValueError(f"{source!r} refers to Milvus collection {name!r} at {uri}, which does not exist.")
+        stored = self._stored_fingerprint()
+        if self.fingerprint is not None:  # files of older versions have none: row count only
+            err = self._replaced(stored, self.fingerprint, repr(source))
+            if err is not None:
+                raise err
+        self.client.load_collection(name)
+        rows = self.count()
+        changed = [k for k in CONTENT if self.fingerprint is not None and stored.get(k) != self.fingerprint.get(k)]
+        if rows != n or changed:
+            found = (f"{rows} rows" if rows != n else f"{rows} rows with other ids" if "ids" in changed
+                     else f"{rows} rows re-augmented with another bound M")
+            raise ValueError(
+                f"{source!r} lists {n} ids but Milvus collection {name!r} at {uri} holds {found}; the collection "
+                "was changed after the index was saved (e.g. rows added and never saved). Pass resync=True to "
+                "Index.load to rebuild the id list from the collection."
+            )
+
+    def _all_ids(self) -> np.ndarray:
+        """Every id in the collection, ascending (primary-key order of a query iterator)."""
+        it = self.client.query_iterator(self.params["collection_name"], batch_size=GET_BATCH * 8, filter="",
+                                        output_fields=[ID_FIELD])
+        out = [np.zeros(0, np.int64)]
+        try:
+            while rows := it.next():
+                out.append(np.asarray([r[ID_FIELD] for r in rows], dtype=np.int64))
+        finally:
+            it.close()
+        return np.unique(np.concatenate(out))
+
+    @classmethod
+    def resync(cls, params: dict, model: Any, symmetric: bool, state: dict, ids: np.ndarray,
+               source: str) -> tuple[np.ndarray, dict]:
+        """The ids and store state of a saved index, rebuilt from its collection (``Index.load(resync=True)``).
+
+        The collection must hold the file's model (digest recomputed from ``model``),
+        symmetric flag, dimension, layout and build. Its ids are adopted: the file's ids
+        that it holds, in the file's order, then the others ascending (Milvus keeps no
+        insertion order); the layout bound M and the ids digest are the collection's.
+        """
+        fingerprint = state.get("fingerprint")
+        if not state.get("created") or fingerprint is None:
+            raise ValueError(
+                f"{source!r} cannot be resynced: it was saved before its first add or by an older anchordiv, "
+                "so it does not record which collection contents belong to it. Rebuild the index."
+            )
+        self = cls(params, isinstance(model, EuclideanModel), create=False)
+        try:
+            stored = self._stored_fingerprint()
+            expected = {**fingerprint, "model": model_digest(model), "symmetric": bool(symmetric)}
+            err = self._replaced(stored, expected, repr(source))
+            if err is not None:
+                raise err
+            self.client.load_collection(self.params["collection_name"])
+            present = self._all_ids()
+            ids = np.concatenate([ids[np.isin(ids, present)], np.setdiff1d(present, ids)])
+            self._set_fingerprint({**stored, "ids": ids_digest(ids)})
+        finally:
+            self.client.close()
+        layout = state.get("layout")
+        if layout is not None and layout.get("max_norm") != stored.get("M"):
+            bound = stored["M"]
+            seen = max(layout["max_seen"] or 0.0, bound / layout["norm_margin"])
+            layout = {**layout, "max_norm": bound, "max_seen": seen}
+        return ids, {**state, "layout": layout, "fingerprint": self.fingerprint}
 
     def close(self) -> None:
         self.client.close()

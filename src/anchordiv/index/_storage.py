@@ -6,7 +6,8 @@ back with ``torch.load(weights_only=True)``, so loading a file never runs code f
 
 from __future__ import annotations
 
-import importlib
+import errno
+import glob
 import os
 import tempfile
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..models import registry
+from ..models import model_name, registry
 from ..models.base import Geometry
 
 FORMAT = "anchordiv.Index"
@@ -57,9 +58,19 @@ def _unplain(value: Any, device: torch.device) -> Any:
 
 
 def geometry_to_dict(model: Geometry) -> dict:
-    """Registry name, class path, constructor parameters and fitted state of ``model``."""
+    """Registry name, class path, constructor parameters and fitted state of ``model``.
+
+    Only registered geometries can be saved: the file names its model by registry name,
+    and :func:`geometry_from_dict` resolves that name through the registry alone. The class
+    path is written for information and never used to import anything.
+    """
     cls = type(model)
-    name = next((n for n, c in registry().items() if c is cls), None)
+    name = model_name(cls)
+    if name is None:
+        raise ValueError(
+            f"Cannot save a model of class {cls.__module__}.{cls.__qualname__}: it is not registered. "
+            "Register it first with ad.register_model('my_model', cls) (also in the process that loads the file)."
+        )
     state = {k: v for k, v in vars(model).items() if k != "_cast_cache"}
     return {
         "name": name,
@@ -70,27 +81,26 @@ def geometry_to_dict(model: Geometry) -> dict:
 
 
 def geometry_from_dict(data: dict, device: torch.device, source: str) -> Geometry:
-    """Rebuild the geometry saved by :func:`geometry_to_dict` on ``device``."""
+    """Rebuild the geometry saved by :func:`geometry_to_dict` on ``device``.
+
+    The class comes from the registry by the saved name only; nothing the file names is
+    imported. Parameters and state are plain data (tensors, numbers, strings).
+    """
     try:
-        name, path, params, state = data["name"], data["class"], data["params"], data["state"]
+        name, params, state = data["name"], data["params"], data["state"]
     except (KeyError, TypeError):
         raise ValueError(f"{source!r} is corrupt: its model record is incomplete.") from None
-    if name is not None:
-        table = registry()
-        if name not in table:
-            raise ValueError(f"{source!r} holds a model {name!r} that this version of anchordiv does not know.")
-        cls = table[name]
-    else:
-        module, _, qualname = str(path).partition(":")
-        try:
-            obj = importlib.import_module(module)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError):
-            raise ValueError(f"{source!r} holds a model of class {path!r}, which cannot be imported here.") from None
-        if not (isinstance(obj, type) and issubclass(obj, Geometry)):
-            raise ValueError(f"{source!r} names {path!r} as its model, which is not an anchordiv geometry.")
-        cls = obj
+    table = registry()
+    if not isinstance(name, str) or name not in table:
+        saved_class = data.get("class") if isinstance(data, dict) else None
+        raise ValueError(
+            f"{source!r} holds a model {name!r} (class {saved_class!r}) that is not registered here; "
+            "if it is your own geometry, call ad.register_model(name, cls) before Index.load. "
+            "Index.load never imports the class a file names."
+        )
+    cls = table[name]
+    if not isinstance(params, dict) or not isinstance(state, dict):
+        raise ValueError(f"{source!r} is corrupt: its model parameters or state are malformed.")
     params = _unplain(params, device)
     try:
         model = cls(**params)
@@ -104,17 +114,55 @@ def geometry_from_dict(data: dict, device: torch.device, source: str) -> Geometr
 
 
 # ------------------------------------------------------------------ files
+#: Errors of a full disk or quota.
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _temp_prefix(path: str) -> str:
+    return f".{os.path.basename(path)}."
+
+
+def _remove_stale_temporaries(path: str) -> list[str]:
+    """Remove the temporaries of earlier saves of ``path`` whose writing process has ended.
+
+    A temporary is named ``.NAME.PID.RANDOM.tmp`` beside ``NAME``; one whose PID no longer
+    runs is left over from a save that was killed and is safe to delete.
+    """
+    removed = []
+    folder = os.path.dirname(os.path.abspath(path))
+    for tmp in glob.glob(os.path.join(glob.escape(folder), glob.escape(_temp_prefix(path)) + "*.tmp")):
+        pid = os.path.basename(tmp)[len(_temp_prefix(path)):].split(".", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # a live process (possibly another save in progress)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.unlink(tmp)
+            removed.append(tmp)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def atomic_save(payload: dict, path: str | os.PathLike) -> None:
     """Write ``payload`` to ``path`` through a temporary file in the same folder.
 
     The file at ``path`` is replaced only once the new one is completely written and
-    synced, so a failure leaves the previous file as it was.
+    synced, so a failure leaves the previous file as it was. The temporary is
+    ``.NAME.PID.RANDOM.tmp``; temporaries of killed saves (their PID has ended) are removed
+    by the next save of the same path, and can always be deleted by hand.
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"Cannot save the index to {path!r}: folder {folder!r} does not exist.")
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    _remove_stale_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=f"{_temp_prefix(path)}{os.getpid()}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(payload, f)
@@ -126,11 +174,17 @@ def atomic_save(payload: dict, path: str | os.PathLike) -> None:
             mode = 0o644
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if _is_no_space(exc):
+            raise OSError(
+                errno.ENOSPC,
+                f"Cannot save the index to {path!r}: no space left on the device of {folder!r}; "
+                "free some space or save to another disk (the previous file, if any, is unchanged)",
+            ) from None
         raise
     try:  # make the rename itself durable where the platform allows it
         dir_fd = os.open(folder, os.O_RDONLY)
@@ -144,6 +198,19 @@ def atomic_save(payload: dict, path: str | os.PathLike) -> None:
         os.close(dir_fd)
 
 
+def _is_no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a full disk; torch reports one as a RuntimeError."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            return True
+        if isinstance(exc, RuntimeError) and ("No space left" in str(exc) or "file write failed" in str(exc)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def read_payload(path: str | os.PathLike) -> dict:
     """The payload of an index file, or ``FileNotFoundError`` / ``ValueError`` naming ``path``."""
     path = os.fspath(path)
@@ -153,10 +220,13 @@ def read_payload(path: str | os.PathLike) -> dict:
         raise ValueError(f"{path!r} is not a file; pass the path of a file written by Index.save.")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
+    except Exception:
+        # torch's own message suggests weights_only=False, which would run code from the
+        # file: it is never shown.
         raise ValueError(
-            f"{path!r} is not a readable anchordiv index file (corrupt, truncated or of another format): {exc}"
-        ) from exc
+            f"{path!r} is not a readable anchordiv index file (corrupt, truncated or of another format); "
+            "pass a file written by Index.save."
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path!r} is not an anchordiv index file (no {FORMAT!r} header).")
     if payload.get("version") != VERSION:

@@ -1,4 +1,4 @@
-"""Anchor-distribution models and the name registry shared by the Python API and the CLI."""
+"""Anchor-distribution models and the name registry shared by the Python API, the CLI and index files."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ MODELS = {
     "latent_spherical": LatentSpherical,
 }
 
+#: Geometries registered by users with :func:`register_model`.
+_USER_MODELS: dict[str, type] = {}
+
 
 def _baselines():
     from ..baselines import Cosine, ImageTextInversion
@@ -25,19 +28,53 @@ def _baselines():
 
 
 def registry() -> dict:
-    """All geometries by name: the anchor models and the baselines ``cosine`` and ``iti``."""
-    return {**MODELS, **_baselines()}
+    """All geometries by name: the anchor models, the baselines ``cosine`` and ``iti``, and
+    those added with :func:`register_model`."""
+    return {**MODELS, **_baselines(), **_USER_MODELS}
+
+
+def register_model(name: str, cls: type) -> type:
+    """Register a geometry class under ``name`` so that ``make_model`` and ``Index.load`` know it.
+
+    Index files name their model by registry name only, and loading never imports
+    anything a file names; a file holding a user's own geometry therefore loads only in
+    a process that registered that class first. Returns ``cls`` (usable as a decorator
+    factory's result). Re-registering the same class under its name is a no-op.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"register_model: name must be an identifier such as 'my_model', got {name!r}.")
+    if not (isinstance(cls, type) and issubclass(cls, Geometry)):
+        raise TypeError(
+            f"register_model: cls must be a subclass of ad.Geometry (or ad.AnchorModel), got {cls!r}."
+        )
+    current = registry().get(name)
+    if current is not None and current is not cls:
+        raise ValueError(
+            f"register_model: the name {name!r} is already taken by {current.__module__}.{current.__qualname__}; "
+            "choose another name."
+        )
+    _USER_MODELS[name] = cls
+    return cls
+
+
+def model_name(cls: type) -> str | None:
+    """The registry name of geometry class ``cls``, or None when it is not registered."""
+    return next((n for n, c in registry().items() if c is cls), None)
 
 
 def make_model(name: str, **params) -> Geometry:
     """Build a geometry from its registry name, e.g. ``make_model("gmm", n_components=8, tau=0.01)``.
 
     Names: ``softmax``, ``gaussian``, ``gmm``, ``latent_gaussian``, ``latent_spherical``,
-    and the baselines ``cosine`` and ``iti`` (which take no parameters).
+    the baselines ``cosine`` and ``iti`` (which take no parameters), and any name added
+    with :func:`register_model`.
     """
     table = registry()
     if name not in table:
-        raise ValueError(f"Unknown model {name!r}; choose one of {', '.join(table)}.")
+        raise ValueError(
+            f"Unknown model {name!r}; choose one of {', '.join(table)}, "
+            "or register your own geometry class with ad.register_model(name, cls)."
+        )
     try:
         return table[name](**params)
     except TypeError as exc:
@@ -46,5 +83,5 @@ def make_model(name: str, **params) -> Geometry:
 
 __all__ = [
     "AnchorModel", "Geometry", "NotFittedError", "Softmax", "Gaussian", "GaussianMixture",
-    "LatentGaussian", "LatentSpherical", "MODELS", "registry", "make_model",
+    "LatentGaussian", "LatentSpherical", "MODELS", "registry", "register_model", "model_name", "make_model",
 ]

@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
-
 from .._backend import Kind, as_tensor, check_dim, row_chunks
+from .._progress import progress_bar
 from ..anchors import AnchorSet
 
 #: Estimated floating-point work above which a progress bar is shown (≈ a few seconds).
@@ -89,7 +88,7 @@ class Geometry:
     def _chunks(self, n: int, desc: str):
         chunks = list(row_chunks(n, self.batch_size))
         show = len(chunks) > 1 and n * self._flops_per_row() > PROGRESS_FLOPS
-        return tqdm(chunks, desc=desc, disable=not show, leave=False)
+        return progress_bar(chunks, show=show, desc=desc)
 
     # ------------------------------------------------------------ public API
     def query_features(self, Q: Any, symmetric: bool = True) -> Any:
@@ -110,16 +109,16 @@ class Geometry:
     def pairwise(self, Q: Any, G: Any, symmetric: bool = True) -> Any:
         """The (|Q|, |G|) matrix of d(q‖g), or of ½[d(q‖g) + d(g‖q)] when ``symmetric``.
 
-        Computed as ``query_offsets(Q)[:, None] - query_features(Q) @ key_features(G).T``.
+        Computed as ``query_offsets(Q)[:, None] - query_features(Q) @ key_features(G).T``,
+        with the key features made block by block (:func:`anchordiv.search.distance_matrix`).
         """
-        q, kind = self._input(Q, "Q")
-        g, _ = self._input(G, "G")
-        if q.dtype != g.dtype:
-            dtype = torch.promote_types(q.dtype, g.dtype)
-            q, g = q.to(dtype), g.to(dtype)
+        from ..search import DEFAULT_MEMORY_BUDGET, block_shape, distance_matrix, key_feature_blocks, prepare
+
+        q, g, kind = prepare(self, Q, G)
         offsets, phi = self._query_terms(q, symmetric)
-        psi = self._key_terms(g, symmetric)
-        return kind.out(offsets[:, None] - phi @ psi.T)
+        _, rows = block_shape(q.shape[0], g.shape[0], phi.shape[1], phi.element_size(), 1, DEFAULT_MEMORY_BUDGET)
+        blocks = key_feature_blocks(self, g, symmetric, rows)
+        return kind.out(distance_matrix(offsets, phi, blocks, n_keys=g.shape[0], keys_given=False))
 
     def divergence(self, X: Any, Y: Any) -> Any:
         """Row-wise d(x_i ‖ y_i) for paired rows of ``X`` and ``Y`` (length-n vector)."""
@@ -133,7 +132,8 @@ class Geometry:
         return kind.out(self._divergence(x, y))
 
     def search(self, Q: Any, G: Any, k: int = 10, symmetric: bool = True, exclude_self: bool = False,
-               memory_budget: int | None = None, progress: bool | None = None) -> tuple[Any, Any]:
+               memory_budget: int | None = None, progress: bool | None = None,
+               exclude: Any = None) -> tuple[Any, Any]:
         """Exact top-k: ``(distances, indices)``, each (|Q|, k), sorted ascending.
 
         See :func:`anchordiv.search.search`; ties are broken by the lower gallery index.
@@ -141,7 +141,8 @@ class Geometry:
         from ..search import DEFAULT_MEMORY_BUDGET, search
 
         return search(self, Q, G, k=k, symmetric=symmetric, exclude_self=exclude_self,
-                      memory_budget=memory_budget or DEFAULT_MEMORY_BUDGET, progress=progress)
+                      memory_budget=DEFAULT_MEMORY_BUDGET if memory_budget is None else memory_budget,
+                      progress=progress, exclude=exclude)
 
     def to(self, device: Any) -> "Geometry":
         """Move fitted tensors to ``device`` (in place) and return self."""

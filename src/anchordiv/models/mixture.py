@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from .._backend import positive_int
 from ..anchors import AnchorSet
 from .base import AnchorModel
 from .posterior import (NormalInverseWishart, PosteriorMixin, check_positive, dirichlet_update, niw_update,
@@ -188,9 +189,7 @@ class GaussianMixture(PosteriorMixin, AnchorModel):
         self.nu0 = nu0
 
     def _fit(self, anchors: AnchorSet) -> None:
-        M = self.n_components
-        if isinstance(M, bool) or not isinstance(M, int) or M < 1:
-            raise ValueError(f"n_components must be a positive int, got {M!r}.")
+        M = positive_int(self.n_components, "n_components")
         if M > len(anchors):
             raise ValueError(
                 f"n_components={M} exceeds the {len(anchors)} anchors with positive weight; "
