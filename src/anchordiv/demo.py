@@ -394,7 +394,7 @@ def run_demo(
     from . import report
     from .anchors import AnchorSet
     from .baselines import Cosine, ImageTextInversion
-    from .metrics import mean_average_precision, relevance_from_labels
+    from .experiments.core import mean_auprc
     from .models import Gaussian, Softmax
 
     say = echo or (lambda *_: None)
@@ -440,11 +440,8 @@ def run_demo(
                 shown[key] = report.ReportGeometry(
                     model, label=f"{key} ({len(aset)} anchors)", anchors=aset, factor=factor,
                 )
-    relevance = {f: relevance_from_labels(labels[f].to_numpy(), labels[f].to_numpy()) for f in FACTORS}
-    scores = {}
-    for key, geom in geometries.items():
-        D = np.asarray(geom.pairwise(X, X), dtype=np.float64)
-        scores[key] = {f: mean_average_precision(D, relevance[f], exclude_self=True).mean for f in FACTORS}
+    label_arrays = {f: labels[f].to_numpy() for f in FACTORS}
+    scores = {key: mean_auprc(geom, X, label_arrays, FACTORS) for key, geom in geometries.items()}
     table = pd.DataFrame.from_dict(scores, orient="index")[list(FACTORS)]
     table.index.name = "geometry"
     timings["fit_and_score"] = time.perf_counter() - t

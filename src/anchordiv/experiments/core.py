@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+import torch
 
 from ..anchors import AnchorSet
 from ..metrics import bootstrap_ci, mean_average_precision, paired_difference
+from ..search import distance_matrix
 
 __all__ = [
     "EvalData",
@@ -363,20 +365,14 @@ def min_anchors(name: str) -> int:
 
 
 # ------------------------------------------------------------------------- scoring
-def _distances(geometry: Any, Q: np.ndarray, K: np.ndarray, key_terms: Any | None
-               ) -> tuple[np.ndarray, np.ndarray, Any]:
-    """Distances of a block of queries to all keys through the feature maps, and their term scale.
-
-    ``D = o[:, None] - φ ψᵀ`` (the geometry's inner-product form); the scale of row i is
-    ``|o_i| + max_j |φ_i·ψ_j|``, the size of the terms whose difference is the distance.
-    """
-    if key_terms is None:
-        key_terms = np.asarray(geometry.key_features(K), dtype=np.float64)
-    off = np.asarray(geometry.query_offsets(Q), dtype=np.float64)
-    phi = np.asarray(geometry.query_features(Q), dtype=np.float64)
-    inner = phi @ key_terms.T
-    scale = np.abs(off) + np.abs(inner).max(axis=1)
-    return off[:, None] - inner, scale, key_terms
+def _distances(geometry: Any, Q: np.ndarray, key_psi: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Distances of a block of queries to all keys (:func:`anchordiv.search.distance_matrix`)
+    and the size of the terms of each row, ``|o_i| + max_j |φ_i·ψ_j|``."""
+    q, _ = geometry._input(Q, "Q")
+    offsets, phi = geometry._query_terms(q.to(key_psi.dtype), True)
+    D = distance_matrix(offsets, phi, key_psi, n_keys=key_psi.shape[0])
+    scale = offsets.abs() + (offsets[:, None] - D).abs().amax(1)
+    return D.cpu().numpy(), scale.cpu().numpy()
 
 
 #: Significant digits kept, relative to the size of the terms of each query's distances.
@@ -422,45 +418,47 @@ def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.nda
 
     Notes
     -----
-    Each query's distances are first rounded to 9 digits relative to the size of the
-    terms they are computed from (:func:`_merge_noise_ties`), so that distances equal up
-    to floating-point noise are ties, ranked as a block by average precision rather than
-    in an order set by rounding.
-    When the queries are the keys, this equals
-    ``mean_average_precision(D, R, exclude_self=True).per_query``; otherwise the pair
-    (i, i) is dropped by giving it an infinite distance and no relevance, which leaves
-    every AP unchanged (an irrelevant item ranked after every relevant one adds nothing).
+    Distances come from :func:`anchordiv.search.distance_matrix` in float64. Each
+    query's distances are then rounded to 9 digits relative to the size of the terms
+    they are computed from (:func:`_merge_noise_ties`), so that distances equal up to
+    floating-point noise are ties, ranked as a block by average precision rather than in
+    an order set by rounding. A query that is also a key never retrieves itself: the pair
+    is given an infinite distance and no relevance, which leaves every AP as it would be
+    without that key (an irrelevant item ranked after every relevant one adds nothing).
     """
     factors = [data.check_factor(f) for f in factors]
     q_idx = data.queries if queries is None else np.asarray(queries)
     k_idx = data.keys
     X = data.embeddings
-    K = X[k_idx]
-    out = {f: np.empty(q_idx.size) for f in factors}
-    square = q_idx.shape == k_idx.shape and bool(np.array_equal(q_idx, k_idx))
     step = q_idx.size if q_idx.size * k_idx.size <= chunk_elements else \
         max(1, chunk_elements // max(1, k_idx.size))
-    key_terms = None
+    k, _ = geometry._input(X[k_idx], "G")
+    key_psi = geometry._key_terms(k, True)
     key_pos = {int(r): j for j, r in enumerate(k_idx)}
+    out = {f: np.empty(q_idx.size) for f in factors}
     for start in range(0, q_idx.size, step):
         rows = q_idx[start:start + step]
-        D, term_scale, key_terms = _distances(geometry, X[rows], K, key_terms)
+        D, term_scale = _distances(geometry, X[rows], key_psi)
         D = _merge_noise_ties(D, term_scale)
         self_cols = np.array([key_pos.get(int(r), -1) for r in rows])
-        has_self = self_cols >= 0
-        whole = square and rows.size == q_idx.size
-        if not whole and has_self.any():
-            D[np.flatnonzero(has_self), self_cols[has_self]] = np.inf
+        own = np.flatnonzero(self_cols >= 0)
+        D[own, self_cols[own]] = np.inf
         for f in factors:
             lab = data.labels[f]
             rel = lab[rows][:, None] == lab[k_idx][None, :]
-            if whole:
-                out[f][start:start + step] = mean_average_precision(D, rel, exclude_self=True).per_query
-            else:
-                if has_self.any():
-                    rel[np.flatnonzero(has_self), self_cols[has_self]] = False
-                out[f][start:start + step] = mean_average_precision(D, rel).per_query
+            rel[own, self_cols[own]] = False
+            out[f][start:start + step] = mean_average_precision(D, rel).per_query
     return out
+
+
+def mean_auprc(geometry: Any, embeddings: Any, labels: Any, factors: Sequence[str] | None = None) -> dict[str, float]:
+    """Mean AUPRC on each factor with every item a query against all others (the demo's table).
+
+    The same computation as the evaluation protocols (:func:`score`).
+    """
+    data = EvalData.create(embeddings, labels)
+    per_query = score(geometry, data, list(data.labels) if factors is None else factors)
+    return {f: float(np.nanmean(v)) for f, v in per_query.items()}
 
 
 # ---------------------------------------------------------------------- aggregation

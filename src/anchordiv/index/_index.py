@@ -14,7 +14,7 @@ from ._common import Backend
 from ._exact import ExactBackend
 from ._faiss import FaissBackend
 from ._milvus import MilvusBackend
-from ..search import NO_INDEX, smallest_k
+from ..search import DEFAULT_MEMORY_BUDGET, KEY_SHARE, NO_INDEX, smallest_k
 from ._storage import FORMAT, VERSION, atomic_save, geometry_from_dict, geometry_to_dict, read_payload
 
 #: Backends by name.
@@ -213,14 +213,24 @@ class Index:
         -------
         Index
             self.
+
+        Notes
+        -----
+        Key features are computed and handed to the backend in blocks whose features take
+        a quarter of ``memory_budget``, so an add needs no more memory than the budget
+        beyond what the backend stores.
         """
         g, _ = self._vectors(G, "G")
         new = self._new_ids(ids, g.shape[0])
-        psi = self._model._key_terms(g, self._symmetric)
-        self._backend.add(psi, new, self._ids)
-        self._ids = np.concatenate([self._ids, new])
+        budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
+        width = self._model._key_terms(g[:1], self._symmetric).shape[1]  # the feature width sets the block
+        rows = max(1, int(budget * KEY_SHARE) // (width * g.element_size()))
+        for start in range(0, g.shape[0], rows):
+            block = slice(start, start + rows)
+            self._backend.add(self._model._key_terms(g[block], self._symmetric), new[block], self._ids)
+            self._ids = np.concatenate([self._ids, new[block]])
+            self._lookup = None
         self._dim = int(g.shape[1])
-        self._lookup = None
         return self
 
     def search(self, Q: Any, k: int = 10, exclude: Any = None) -> tuple[Any, Any]:
