@@ -18,6 +18,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# open_clip for the open_clip encoder path. It needs only torchvision's pure-Python
 	# transforms, so a torchvision without compiled ops is installed beside the CPU torch.
 	$(PIP) install -q --no-deps $(OPEN_CLIP)
+	# Debian's Chromium for the browser tests of `anchordiv serve` (Playwright drives it).
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	touch $@
 
 demo: setup

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                             model_params=mp, names=("generic dog/scene phrases", "breeds"),
                             out_dir=args.out / "adaptation", **common)
         log.add("adaptation", res, f"anchordiv eval adaptation {coll_dir} --broad {byml} --anchors {yml}:breeds "
-                                   "--factor breed --budgets 1,2,3,6,12,18 --draws 5 --rank 16 --gmm-components 4 "
+                                   "--factor breed --budgets 1,2,3,6,12,18 --draws 5 --rank 16 --components 4 "
                                    f"--out {args.out / 'adaptation'}")
     if "components" in run:
         entries = [(name, A[name], ANCHOR_FACTORS[name]) for name in ("breeds", "places", "clothing")]

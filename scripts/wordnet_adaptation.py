@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                         out_dir=args.out / "adaptation", tau=enc.tau, seed=args.seed, progress=False)
     log.add("adaptation", res, f"anchordiv eval adaptation {folder / 'collection'} --broad {yml}:broad "
                                f"--anchors {yml}:target --factor cls --budgets {','.join(map(str, budgets))} "
-                               f"--draws {args.draws} --rank {args.rank} --gmm-components {args.gmm_components} "
+                               f"--draws {args.draws} --rank {args.rank} --components {args.gmm_components} "
                                f"--out {args.out / 'adaptation'}")
     log.write(encoder=enc.name, tau=enc.tau, n_items=len(texts), n_target=n, n_broad=len(broad), data=str(folder),
               **info)

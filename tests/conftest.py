@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-import torch
 
 
 #: Small-data parameters of every geometry in the registry, shared by the search and index tests.
@@ -38,8 +37,3 @@ def data(rng):
     G = unit_rows(rng, 9, d, center)
     return anchors, Q, G
 
-
-@pytest.fixture(autouse=True)
-def _torch_threads():
-    torch.manual_seed(0)
-    yield

@@ -64,7 +64,7 @@ def ws(tmp_path_factory):
     # the installed script runs in the background while the in-process tests go on
     script = Path(sys.executable).with_name("anchordiv")
     proc = subprocess.Popen(
-        [script, "search", coll, "--anchors", f"{anchors}:style", "--query-id", "1", "-k", "2", "--format", "json"],
+        [script, "search", coll, "--anchors", f"{anchors}:style", "--query-row", "1", "-k", "2", "--format", "json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) if script.is_file() else None
     yield {"root": root, "table": table, "anchors": anchors, "coll": coll, "embed": [first, second],
@@ -128,14 +128,14 @@ def test_anchors_command_prints_sets_and_reuses_cache(ws):
 
 
 def test_search_table_json_csv(ws):
-    table = run("search", ws["coll"], "--anchors", f"{ws['anchors']}:style", "--query-id", 1, "-k", 3).stdout
+    table = run("search", ws["coll"], "--anchors", f"{ws['anchors']}:style", "--query-row", 1, "-k", 3).stdout
     assert "query (id): #1 a watercolor painting of a cat" in table
     assert "rank" in table and "distance" in table and "caption" in table and "label" in table
     # under the style anchors, the other watercolour is the nearest neighbour
     assert table.splitlines()[5].split()[:2] == ["1", "4"]
 
     data = search_json(ws, "--anchors", f"{ws['anchors']}:object:0.7,style:0.3", "--query-text", "a kitten",
-                       "--query-id", 0, "-k", 3)
+                       "--query-row", 0, "-k", 3)
     assert data["model"] == "softmax" and data["tau"] == pytest.approx(0.05)
     q_id, q_text = data["queries"]
     assert q_id["kind"] == "id" and q_id["row"] == 0
@@ -145,7 +145,7 @@ def test_search_table_json_csv(ws):
     assert d == sorted(d) and len(d) == 3 and [h["rank"] for h in q_text["results"]] == [1, 2, 3]
 
     rows = list(csv.DictReader(io.StringIO(run(
-        "search", ws["coll"], "--model", "cosine", "--query-id", 2, "--include-self", "-k", 2,
+        "search", ws["coll"], "--model", "cosine", "--query-row", 2, "--include-self", "-k", 2,
         "--format", "csv").stdout)))
     assert [r["rank"] for r in rows] == ["1", "2"] and rows[0]["id"] == "2"
     assert float(rows[0]["distance"]) == pytest.approx(0.0, abs=1e-5)
@@ -168,29 +168,29 @@ def test_search_every_model(ws, model, extra):
 
 def test_index_build_and_search_match_exact_search(ws, tmp_path):
     spec = f"{ws['anchors']}:object:0.5,style:0.5"
-    plain = search_json(ws, "--anchors", spec, "--query-text", "a boat on the water", "--query-id", 3, "-k", 3)
+    plain = search_json(ws, "--anchors", spec, "--query-text", "a boat on the water", "--query-row", 3, "-k", 3)
     for backend, extra in (("exact", []), ("faiss", ["--index-type", "hnsw", "--param", "ef_search=64"])):
         path = tmp_path / f"{backend}.index"
         out = run("index", "build", ws["coll"], "--anchors", spec, "--model", "softmax", "--backend", backend,
                   *extra, "--out", path).stdout
         assert "Indexed 8 vectors" in out and path.is_file() and Path(f"{path}.anchordiv.json").is_file()
-        got = json.loads(run("index", "search", path, "--query-id", 3, "--query-text", "a boat on the water",
+        got = json.loads(run("index", "search", path, "--query-row", 3, "--query-text", "a boat on the water",
                              "-k", 3, "--format", "json").stdout)
         via_search = json.loads(run("search", ws["coll"], "--index", path, "--query-text", "a boat on the water",
-                                    "--query-id", 3, "-k", 3, "--format", "json").stdout)
+                                    "--query-row", 3, "-k", 3, "--format", "json").stdout)
         for result in (got, via_search):
             assert result["backend"] == backend
             for a, b in zip(plain["queries"], result["queries"]):
                 assert [h["id"] for h in a["results"]] == [h["id"] for h in b["results"]]
                 np.testing.assert_allclose([h["distance"] for h in a["results"]],
                                            [h["distance"] for h in b["results"]], rtol=1e-4, atol=1e-5)
-    bad = run("search", ws["coll"], "--index", tmp_path / "exact.index", "--anchors", spec, "--query-id", 0, ok=False)
+    bad = run("search", ws["coll"], "--index", tmp_path / "exact.index", "--anchors", spec, "--query-row", 0, ok=False)
     assert bad.exit_code == 2 and "cannot be combined with --index" in bad.stderr
 
 
 def test_compare_writes_a_report(ws, tmp_path):
     out = tmp_path / "report"
-    result = run("compare", ws["coll"], "--query-text", "a cat", "--query-id", 2,
+    result = run("compare", ws["coll"], "--query-text", "a cat", "--query-row", 2,
                  "--anchors", f"{ws['anchors']}:object", "--anchors", f"{ws['anchors']}:style",
                  "--model", "softmax,gaussian", "--model", "cosine", "-k", 3, "--no-png", "--out", out)
     path = Path(result.stdout.strip())
@@ -208,19 +208,19 @@ def test_demo_prints_auprc_and_report(tmp_path):
 
 
 @pytest.mark.parametrize("args, code, message", [
-    (["search", "{coll}", "--anchors", "{anchors}:objects", "--query-id", "0"], 1,
+    (["search", "{coll}", "--anchors", "{anchors}:objects", "--query-row", "0"], 1,
      "Error: --anchors: unknown anchor set 'objects'"),
-    (["search", "{coll}", "--anchors", "{anchors}:object:0.7,style:x", "--query-id", "0"], 1,
+    (["search", "{coll}", "--anchors", "{anchors}:object:0.7,style:x", "--query-row", "0"], 1,
      "Error: --anchors: bad proportion 'x' for set 'style'"),
-    (["search", "{coll}", "--anchors", "{root}/empty.txt", "--query-id", "0"], 1,
+    (["search", "{coll}", "--anchors", "{root}/empty.txt", "--query-row", "0"], 1,
      "Error: --anchors: anchors file"),
-    (["search", "{coll}", "--anchors", "{root}/missing.yaml", "--query-id", "0"], 1,
+    (["search", "{coll}", "--anchors", "{root}/missing.yaml", "--query-row", "0"], 1,
      "Error: --anchors: anchors file"),
-    (["search", "{coll}", "--query-id", "0"], 2, "Error: --model softmax needs --anchors"),
-    (["search", "{coll}", "--model", "cosine", "--query-id", "99"], 2, "row 99 is out of range"),
-    (["search", "{coll}", "--model", "cosine", "--query-id", "0", "--rank", "3"], 2, "--rank applies only"),
-    (["search", "{coll}", "--model", "cosine", "--query-id", "0", "-k", "9"], 2, "9 exceeds the 8 items"),
-    (["compare", "{coll}", "--model", "softmax,bogus", "--query-id", "0"], 2, "unknown model 'bogus'"),
+    (["search", "{coll}", "--query-row", "0"], 2, "Error: --model softmax needs --anchors"),
+    (["search", "{coll}", "--model", "cosine", "--query-row", "99"], 2, "row 99 is out of range"),
+    (["search", "{coll}", "--model", "cosine", "--query-row", "0", "--rank", "3"], 2, "--rank applies only"),
+    (["search", "{coll}", "--model", "cosine", "--query-row", "0", "-k", "9"], 2, "9 exceeds the 8 items"),
+    (["compare", "{coll}", "--model", "softmax,bogus", "--query-row", "0"], 2, "unknown model 'bogus'"),
     (["--bogus"], 2, "No such option"),
     (["serch"], 2, "No such command 'serch'"),
 ])
@@ -236,7 +236,7 @@ def test_errors_are_one_line(ws, args, code, message):
 
 
 def test_debug_shows_the_traceback(ws):
-    args = ["search", ws["coll"], "--anchors", f"{ws['anchors']}:objects", "--query-id", 0]
+    args = ["search", ws["coll"], "--anchors", f"{ws['anchors']}:objects", "--query-row", 0]
     plain = run(*args, ok=False)
     assert isinstance(plain.exception, SystemExit) and "rerun with --debug" in plain.stderr
     debug = run("--debug", *args, ok=False)
@@ -252,3 +252,39 @@ def test_installed_script(ws):
     assert ws["proc"].returncode == 0, err
     hits = json.loads(out)["queries"][0]["results"]
     assert len(hits) == 2 and hits[0]["id"] == 4  # the other watercolour
+
+
+def test_encoder_option_and_deprecated_model_alias(ws):
+    assert "--model minilm names the encoder here, which is now --encoder" in ws["anchors_out"].stderr
+    again = run("anchors", ws["anchors"], "--encoder", "minilm", "--device", "cpu")
+    assert "(reused)" in again.stdout and "deprecated" not in again.stderr and "--encoder" not in again.stderr
+
+
+def test_query_row_and_query_id_are_separate(ws, tmp_path):
+    """--query-row is a row number; --query-id a value of the 'id' column; results name items by that id."""
+    table = tmp_path / "ided.csv"
+    ids = [42, 7, 3, 100, 5, 6, 1, 2]
+    with open(table, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["text", "id", "label"])
+        w.writerows((t, i, lab) for (t, lab, _), i in zip(ITEMS, ids))
+    coll = tmp_path / "ided"
+    run("embed", table, "--column", "text", "--out", coll, "--device", "cpu")
+    by_id = json.loads(run("search", coll, "--model", "cosine", "--query-id", 3, "-k", 3, "--format", "json").stdout)
+    by_row = json.loads(run("search", coll, "--model", "cosine", "--query-row", 2, "-k", 3, "--format", "json").stdout)
+    assert by_id["queries"][0]["row"] == 2 == by_row["queries"][0]["row"]  # id 3 is row 2
+    assert by_id["queries"][0]["results"] == by_row["queries"][0]["results"]
+    for hit in by_id["queries"][0]["results"]:
+        assert hit["id"] == ids[hit["row"]] and hit["row"] != 2
+    assert by_id["queries"][0]["query"].startswith("#3 ")
+    assert "no item has id '999'" in run("search", coll, "--model", "cosine", "--query-id", 999, ok=False).stderr
+    # a collection without an id column: --query-id says to use --query-row
+    bad = run("search", ws["coll"], "--model", "cosine", "--query-id", 1, ok=False)
+    assert bad.exit_code == 2 and "--query-row 1" in bad.stderr
+    # the HTML report names the same neighbours by the same ids
+    out = tmp_path / "rep"
+    run("compare", coll, "--model", "cosine", "--query-id", 3, "-k", 3, "--no-png", "--out", out)
+    import re
+
+    shown = [int(v) for v in re.findall(r'data-id="([^"]+)"', (out / "index.html").read_text())]
+    assert shown == [h["id"] for h in by_id["queries"][0]["results"]]

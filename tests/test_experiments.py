@@ -1,8 +1,8 @@
 """Tests of the experiment protocols (anchordiv.experiments) on small synthetic collections.
 
 Each protocol is checked for the direction of its effect on data built to show it, for
-the files and columns it writes, for reproducibility with a seed, and for clear errors
-on bad input.
+its tidy frames and the files and columns it writes, for reproducibility with a seed,
+and for clear errors on bad input; the ``eval`` subcommands for their options.
 """
 
 import csv
@@ -70,9 +70,19 @@ def _check_files(res, out, columns):
 
 
 def _auprc(res, **match):
-    hits = [s["auprc"] for s in res.summary if all(s.get(k) == v for k, v in match.items())]
+    s = res.summary
+    hits = s.loc[np.logical_and.reduce([(s[k] == v).to_numpy() for k, v in match.items()]), "auprc"].tolist()
     assert len(hits) == 1, (match, hits)
     return hits[0]
+
+
+def _check_tidy(res, condition):
+    """One observation per query, condition and draw; rows and summary are their means."""
+    obs = res.observations
+    assert list(obs.columns) == [*condition, "query", "ap"]
+    assert not obs.duplicated([*condition, "query"]).any()
+    means = obs.groupby([c for c in condition if c in res.rows.columns], dropna=False, sort=False)["ap"].mean()
+    np.testing.assert_allclose(np.sort(means.to_numpy()), np.sort(res.rows["auprc"].to_numpy()), atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- core
@@ -110,7 +120,9 @@ def test_coordinate_direction_and_files(world, tmp_path):
     for m in ("softmax", "gaussian"):
         assert _auprc(res, model=m, p=1.0, factor="a") > _auprc(res, model=m, p=0.0, factor="a") + 0.1
         assert _auprc(res, model=m, p=0.0, factor="b") > _auprc(res, model=m, p=1.0, factor="b") + 0.1
-    assert all(e["verdict"] == "holds" for e in res.effects)
+    assert (res.effects["verdict"] == "holds").all()
+    _check_tidy(res, ["model", "p", "draw", "factor", "role", "n_anchors"])
+    assert res.observations.loc[res.observations["model"] == "cosine", "p"].isna().all()
     _check_files(res, tmp_path, {
         "rows": ["model", "p", "draw", "factor", "role", "auprc", "n_anchors"],
         "summary": ["model", "p", "factor", "role", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
@@ -123,8 +135,9 @@ def test_budget_softmax_improves_with_coverage(world, tmp_path):
                     progress=False)
     assert _auprc(res, model="softmax", budget=12) >= _auprc(res, model="softmax", budget=2)
     # models that need two anchors skip the budget of one; cosine does not depend on the budget
-    assert not [s for s in res.summary if s["model"] == "gaussian" and s["budget"] == 1]
+    assert not ((res.summary["model"] == "gaussian") & (res.summary["budget"] == 1)).any()
     assert _auprc(res, model="cosine", budget=1) == _auprc(res, model="cosine", budget=12)
+    _check_tidy(res, ["model", "budget", "draw", "n_anchors"])
     _check_files(res, tmp_path, {
         "rows": ["model", "budget", "draw", "auprc", "n_anchors"],
         "summary": ["model", "budget", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
@@ -137,6 +150,7 @@ def test_adaptation_posterior_beats_target_only(world, tmp_path):
                         model_params=mp, out_dir=tmp_path, n_boot=200, progress=False)
     for m in ("gaussian", "gmm", "latent_gaussian", "latent_spherical"):
         assert _auprc(res, method=f"posterior {m}", budget=2) > _auprc(res, method=m, budget=2), m
+    _check_tidy(res, ["method", "model", "kind", "budget", "draw"])
     _check_files(res, tmp_path, {
         "rows": ["method", "model", "kind", "budget", "draw", "auprc"],
         "summary": ["method", "budget", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
@@ -148,6 +162,7 @@ def test_components_and_table_write_their_files(world, tmp_path):
     res = ex.components(world["data"], {"A": (world["A"], "a"), "B": (world["B"], "b")}, n_components=[1, 2, 16],
                         n_draws=2, out_dir=tmp_path / "c", n_boot=100, progress=False)
     assert any("M = 16" in s for s in res.config["skipped"])  # more components than anchors
+    _check_tidy(res, ["anchor_set", "factor", "model", "n_components", "draw"])
     _check_files(res, tmp_path / "c", {
         "rows": ["anchor_set", "factor", "model", "n_components", "draw", "auprc"],
         "summary": ["anchor_set", "model", "n_components", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
@@ -156,9 +171,12 @@ def test_components_and_table_write_their_files(world, tmp_path):
                    per_value=True, n_draws=2, anchor_fraction=0.8, out_dir=tmp_path / "t", n_boot=100,
                    progress=False)
     assert len(res.effects) == (4 + 3) * 2 * 2  # values × models × baselines
-    assert {e["class"] for e in res.effects} <= {"better", "tie", "worse"}
+    assert set(res.effects["class"]) <= {"better", "tie", "worse"}
     # anchors of the factor beat cosine on it
-    assert np.mean([e["diff"] for e in res.effects if e["baseline"] == "cosine"]) > 0
+    assert res.effects.loc[res.effects["baseline"] == "cosine", "diff"].mean() > 0
+    # a value's row is over the queries that have that value
+    assert (res.effects.loc[res.effects["label"] == "A", "n_queries"] == 18).all()
+    _check_tidy(res, ["label", "factor", "model", "draw"])
     _check_files(res, tmp_path / "t", {
         "rows": ["label", "factor", "model", "draw", "auprc"],
         "summary": ["label", "value", "model", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
@@ -166,19 +184,39 @@ def test_components_and_table_write_their_files(world, tmp_path):
                     "n_queries"]})
 
 
-def test_runtime_runs_the_benchmark(tmp_path):
+def test_runtime_times_fit_and_search(tmp_path):
     res = ex.runtime(models=["cosine", "softmax", "gaussian"], n_anchors=[32, 64], n_queries=8, n_gallery=40,
                      repeats=1, out_dir=tmp_path, progress=False)
-    assert res.config["benchmark"].endswith("bench_scaling.py")
-    assert {(r["model"], r["n_anchors"]) for r in res.rows} == {(m, n) for m in ("cosine", "softmax", "gaussian")
-                                                                for n in (32, 64)}
-    assert all(r["seconds"] > 0 for r in res.rows)
+    assert res.config["benchmark"] == "anchordiv.experiments.timing.worker"
+    assert res.config["benchmark_params"]["softmax"] == {"tau": 0.01}
+    assert set(zip(res.rows["model"], res.rows["n_anchors"])) == {(m, n) for m in ("cosine", "softmax", "gaussian")
+                                                                  for n in (32, 64)}
+    assert (res.rows["seconds"] > 0).all()
     _check_files(res, tmp_path, {
         "rows": ["model", "n_anchors", "n_queries", "n_gallery", "seconds", "fit_s", "search_s", "samples"],
         "effects": ["model", "n_small", "n_large", "seconds_small", "seconds_large", "growth", "fit_growth",
                     "search_growth"]})
-    with pytest.raises(FileNotFoundError, match="bench_scaling"):
-        ex.runtime(bench_dir=tmp_path, n_anchors=[8], progress=False)
+
+
+def test_timing_data_is_the_benchmark_data():
+    import sys
+    from pathlib import Path
+
+    from anchordiv.experiments import timing
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    if not (bench / "benchlib.py").is_file():
+        pytest.skip("no benchmarks/ folder")
+    sys.path.insert(0, str(bench))
+    try:
+        import benchlib
+    finally:
+        sys.path.remove(str(bench))
+    for ours, theirs in zip(timing.make_data(40, 5, 12), benchlib.make_data(40, 5, 12)):
+        assert torch.equal(ours, theirs)
+    assert timing.DIM == benchlib.DIM and timing.TAU == benchlib.TAU
+    for m in ("softmax", "gmm", "cosine"):
+        assert timing.params(m) == benchlib.MODEL_PARAMS[m]
 
 
 # ------------------------------------------------------------------- reproducibility
@@ -254,3 +292,38 @@ def test_eval_command(cli_files, tmp_path):
     assert r.exit_code == 2 and "unknown model 'kmeans'" in r.output
     r = runner.invoke(eval_command(), ["figure9", str(coll), "--out", str(out)])
     assert r.exit_code == 2 and "figure9" in r.output
+
+
+def test_eval_model_options(cli_files, tmp_path):
+    from click.testing import CliRunner
+
+    from anchordiv.experiments.cli import eval_command
+
+    coll, a_npy, b_npy = cli_files
+    runner = CliRunner()
+    base = ["--tau", "0.1", "--n-boot", "30", "--draws", "2", "--no-progress"]
+    comp = ["components", str(coll), "--anchors", str(a_npy), "--factor", "a", "--components", "1,2",
+            "--baseline", "softmax", *base]
+    # KEY=VALUE goes to every model that takes KEY (here only gmm), MODEL.KEY=VALUE to that model
+    for name, param in (("any", "reg_covar=1e-3"), ("one", "gmm.reg_covar=1e-3")):
+        r = runner.invoke(eval_command(), [*comp, "--param", param, "--out", str(tmp_path / name)])
+        assert r.exit_code == 0, r.output
+        assert (tmp_path / name / "components.json").read_text().count('"reg_covar": 0.001') == 1
+    assert (tmp_path / "any" / "components_summary.csv").read_bytes() == \
+        (tmp_path / "one" / "components_summary.csv").read_bytes()
+    # --components M is the gmm's number of components; --gmm-components is its deprecated alias
+    coord = ["coordinate", str(coll), "--anchors", str(a_npy), "--anchors", str(b_npy), "--factor", "a",
+             "--factor", "b", "--model", "gmm", "--proportions", "0,1", *base]
+    r = runner.invoke(eval_command(), [*coord, "--components", "2", "--out", str(tmp_path / "new")])
+    assert r.exit_code == 0, r.output
+    with pytest.warns(FutureWarning, match="--gmm-components is deprecated"):
+        r = runner.invoke(eval_command(), [*coord, "--gmm-components", "2", "--out", str(tmp_path / "old")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "new" / "coordinate.csv").read_bytes() == (tmp_path / "old" / "coordinate.csv").read_bytes()
+    assert '"n_components": 2' in (tmp_path / "new" / "coordinate.json").read_text()
+    no_gmm = [a if a != "gmm" else "softmax" for a in coord]
+    for args, message in (([*no_gmm, "--components", "2"], "gmm, which this run"),
+                          ([*comp, "--param", "foo=1"], "takes 'foo'"),
+                          ([*comp, "--param", "softmax.rank=2"], "softmax is not fitted")):
+        r = runner.invoke(eval_command(), [*args, "--out", str(tmp_path / "x")])
+        assert r.exit_code == 2 and message in r.output, r.output

@@ -300,8 +300,9 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path, fail_after):
         partial = load_collection(out, allow_partial=True)
         np.testing.assert_array_equal(partial.embeddings, reference.embeddings[: 5 * done])
 
-    # leftovers of a crash between writes: a stray temp file and an unrecorded shard
-    (out / "text_emb" / f"text_emb_{done}.npy.partial-deadbeef").write_bytes(b"junk")
+    # leftovers of a crash between writes: a stray temp file of the killed process (its PID,
+    # above Linux's PID_MAX_LIMIT, runs no more) and an unrecorded shard
+    (out / "text_emb" / f".text_emb_{done}.npy.{2**22 + 1}.deadbeef.tmp").write_bytes(b"junk")
     np.save(out / "text_emb" / f"text_emb_{done}.npy", np.full((5, DIM), 7.0, np.float32))
 
     enc = HashEncoder()
@@ -312,7 +313,7 @@ def test_resume_after_interruption_matches_uninterrupted(tmp_path, fail_after):
     np.testing.assert_array_equal(resumed.embeddings, reference.embeddings)
     pd.testing.assert_frame_equal(resumed.metadata, reference.metadata)
     assert resumed.metadata["caption"].is_unique
-    assert not any(".partial-" in f for f in os.listdir(out / "text_emb"))
+    assert not any(f.endswith(".tmp") for f in os.listdir(out / "text_emb"))
 
 
 def test_image_resume_keeps_skips_once(tmp_path, image_dir):

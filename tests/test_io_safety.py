@@ -16,7 +16,8 @@ pq = pytest.importorskip("pyarrow.parquet")
 Image = pytest.importorskip("PIL.Image")
 torch = pytest.importorskip("torch")
 
-import anchordiv.io as adio  # noqa: E402
+import anchordiv._util as adutil  # noqa: E402
+import anchordiv.io.embed as adembed  # noqa: E402
 from anchordiv.encoders import Encoder  # noqa: E402
 from anchordiv.io import MANIFEST_NAME, embed_collection, load_collection, read_texts  # noqa: E402
 
@@ -346,8 +347,13 @@ def _start_job(tmp_path):
 
 
 def _fixed_partial_names(monkeypatch):
-    """Make the temporary write names predictable (``<file>.partial-full``)."""
-    monkeypatch.setattr(adio, "uuid", types.SimpleNamespace(uuid4=lambda: types.SimpleNamespace(hex="full")))
+    """Make the temporary write names predictable (see :func:`_temp_of`)."""
+    monkeypatch.setattr(adutil, "uuid", types.SimpleNamespace(uuid4=lambda: types.SimpleNamespace(hex="full")))
+
+
+def _temp_of(path):
+    """The temporary file this process writes ``path`` through, with :func:`_fixed_partial_names`."""
+    return path.parent / f".{path.name}.{os.getpid()}.full.tmp"
 
 
 @_needs_dev_full
@@ -356,7 +362,7 @@ def test_disk_full_while_writing_shard(tmp_path, monkeypatch, target):
     texts, ref, out = _start_job(tmp_path)
     _fixed_partial_names(monkeypatch)
     # the temporary file of shard 1 is /dev/full: every write to it fails with ENOSPC
-    trap = out / f"{target}.partial-full"
+    trap = _temp_of(out / target)
     trap.symlink_to("/dev/full")
 
     with pytest.raises(OSError) as info:
@@ -381,7 +387,7 @@ def test_disk_full_while_writing_shard(tmp_path, monkeypatch, target):
 def test_disk_full_then_resume_matches_reference(tmp_path, monkeypatch):
     texts, ref, out = _start_job(tmp_path)
     _fixed_partial_names(monkeypatch)
-    (out / "text_emb" / "text_emb_2.npy.partial-full").symlink_to("/dev/full")
+    _temp_of(out / "text_emb" / "text_emb_2.npy").symlink_to("/dev/full")
     with pytest.raises(OSError, match="disk is full"):
         embed_collection(texts, HashEncoder(), out, shard_size=2, batch_size=2, progress=False)
     assert len(json.loads((out / MANIFEST_NAME).read_text())["shards"]) == 2
@@ -400,13 +406,13 @@ def test_disk_full_while_writing_manifest(tmp_path, monkeypatch):
     out.mkdir()
     # a new job writes its manifest first; out/ must be empty, so the trap is a dangling
     # link created right before the manifest write
-    real_write_json = adio._write_json
+    real_write_json = adembed._write_json
 
     def write_json_into_full_disk(path, obj):
-        (path.parent / f"{path.name}.partial-full").symlink_to("/dev/full")
+        _temp_of(path).symlink_to("/dev/full")
         real_write_json(path, obj)
 
-    monkeypatch.setattr(adio, "_write_json", write_json_into_full_disk)
+    monkeypatch.setattr(adembed, "_write_json", write_json_into_full_disk)
     with pytest.raises(OSError, match="disk is full") as info:
         embed_collection(_texts(3), HashEncoder(), out, progress=False)
     assert str(out / MANIFEST_NAME) in str(info.value)
@@ -423,7 +429,7 @@ def test_disk_quota_exceeded_while_writing_npy(tmp_path, monkeypatch):
         file.write(b"\x93NUMPY")
         raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
 
-    monkeypatch.setattr(adio.np, "save", save_over_quota)
+    monkeypatch.setattr(np, "save", save_over_quota)
     with pytest.raises(OSError) as info:
         embed_collection(texts, HashEncoder(), out, shard_size=2, batch_size=2, progress=False)
     assert info.value.errno == errno.EDQUOT
@@ -437,7 +443,7 @@ def test_other_write_errors_pass_through(tmp_path, monkeypatch):
     def save_denied(file, arr, **kw):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(adio.np, "save", save_denied)
+    monkeypatch.setattr(np, "save", save_denied)
     with pytest.raises(PermissionError, match="Permission denied"):
         embed_collection(texts, HashEncoder(), out, shard_size=2, batch_size=2, progress=False)
     assert sorted(os.listdir(out / "text_emb")) == ["text_emb_0.npy"]

@@ -114,7 +114,7 @@ def test_matrix_equals_loop_and_chunking():
     np.testing.assert_allclose(full, loop, rtol=0, atol=TOL)
     for chunk in (1, 5, 23, 100):
         np.testing.assert_allclose(
-            average_precision(d, r, chunk_size=chunk), full, rtol=0, atol=TOL
+            average_precision(d, r, batch_size=chunk), full, rtol=0, atol=TOL
         )
 
 
@@ -165,7 +165,7 @@ def test_exclude_self_matches_manual_deletion():
     assert mean_average_precision(d, rel).mean > res.mean
     # Chunking across the diagonal gives the same result.
     np.testing.assert_allclose(
-        mean_average_precision(d, rel, exclude_self=True, chunk_size=4).per_query,
+        mean_average_precision(d, rel, exclude_self=True, batch_size=4).per_query,
         manual,
         rtol=0,
         atol=TOL,
@@ -366,7 +366,7 @@ def test_paired_difference_matches_bootstrap_of_difference():
         (lambda: average_precision(["a", "b"], [1, 0]), "distances"),
         (lambda: average_precision([0.1, 0.2], [1, 0], exclude_self=True), "exclude_self"),
         (lambda: mean_average_precision(np.zeros((2, 3)), np.ones((2, 3)), exclude_self=True), "exclude_self"),
-        (lambda: average_precision(np.zeros((2, 3)), np.ones((2, 3)), chunk_size=0), "chunk_size"),
+        (lambda: average_precision(np.zeros((2, 3)), np.ones((2, 3)), batch_size=0), "batch_size"),
         (lambda: relevance_from_labels([], [1]), "query_labels"),
         (lambda: relevance_from_labels([1], np.zeros((2, 2))), "key_labels"),
         (lambda: relevance_from_multilabels(np.ones((2, 3)), np.ones((4, 2))), "number of labels"),

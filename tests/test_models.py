@@ -10,16 +10,11 @@ import torch
 import anchordiv as ad
 from anchordiv.models.mixture import em, kmeans_labels, m_step
 
-from conftest import unit_rows
+from conftest import GEOMETRY_PARAMS, unit_rows
 
 TAU = 0.07
-MODEL_PARAMS = {
-    "softmax": {},
-    "gaussian": {},
-    "gmm": {"n_components": 3, "seed": 1},
-    "latent_gaussian": {"rank": 0.9},
-    "latent_spherical": {"rank": 5},
-}
+#: The anchor models' parameters of conftest.GEOMETRY_PARAMS, the temperature set per test.
+MODEL_PARAMS = {name: {k: v for k, v in p.items() if k != "tau"} for name, p in GEOMETRY_PARAMS.items() if "tau" in p}
 
 
 def fitted(name, anchors, tau=TAU, **extra):
@@ -148,7 +143,7 @@ def test_gaussian_and_latent_gaussian_closed_forms(data):
     np.testing.assert_allclose(g.pairwise(Q, G), ref, rtol=1e-8, atol=1e-9)
     np.testing.assert_allclose(g.pairwise(Q, G, symmetric=False), ref, rtol=1e-8, atol=1e-9)
 
-    lg = fitted("latent_gaussian", anchors)
+    lg = fitted("latent_gaussian", anchors, rank=0.9)  # a variance fraction
     vals, vecs = np.linalg.eigh(S)
     vals, vecs = vals[::-1], vecs[:, ::-1]
     k = int(np.searchsorted(np.cumsum(vals) / vals.sum(), 0.9) + 1)
@@ -209,11 +204,7 @@ def test_theorem3_softmax_converges_to_population_gaussian(rng):
     mu = rng.normal(size=d) * 0.3
     cov = 0.05 * np.eye(d)
     lam = unit_rows(rng, 6, d)
-    population = ad.Gaussian(tau=tau)
-    population.fit(np.zeros((2, d)) + [[1] + [0] * (d - 1), [-1] + [0] * (d - 1)])  # placeholder fit
-    population.mean_ = torch.as_tensor(mu)
-    population.covariance_ = torch.as_tensor(cov)
-    population._reset_cache()
+    population = ad.Gaussian.from_moments(mu, cov, tau=tau)
     target = population.pairwise(lam, lam, symmetric=False)
     gaps = []
     for n in [100, 1_000, 10_000, 100_000]:
@@ -406,7 +397,7 @@ def test_softmax_attention_path_equals_streaming(weighted, rng):
 
 
 def test_streamed_covariance_matches_numpy(rng):
-    from anchordiv.models.base import weighted_mean_cov
+    from anchordiv.linalg import weighted_mean_cov
 
     X = unit_rows(rng, 103, 9, center=np.ones(9))
     w = rng.uniform(0.1, 1, size=103)
@@ -420,3 +411,40 @@ def test_streamed_covariance_matches_numpy(rng):
     mean32, cov32 = weighted_mean_cov(torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(w), chunk=7)
     assert mean32.dtype == torch.float64
     np.testing.assert_allclose(cov32.numpy(), ref_cov, atol=1e-6 * np.abs(ref_cov).max())
+
+
+def test_symmetric_eigh_leaves_thread_counts_alone():
+    import threading
+
+    from anchordiv.linalg import symmetric_eigh
+
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(40, 40))
+    A = torch.as_tensor(A @ A.T)
+    before = torch.get_num_threads()
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    values, vectors = symmetric_eigh(A)
+    worker.start()
+    worker.join()
+    assert torch.get_num_threads() == before and seen == [before]
+    np.testing.assert_allclose((vectors * values) @ vectors.T, A.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(values.numpy(), np.linalg.eigvalsh(A.numpy()), rtol=1e-10)
+
+
+@pytest.mark.parametrize("cls", [ad.Gaussian, ad.GaussianMixture, ad.LatentGaussian, ad.LatentSpherical, ad.Softmax])
+def test_constructor_parameters_are_keyword_only(cls):
+    with pytest.raises(TypeError):
+        cls(0.01)
+
+
+def test_gaussian_from_moments_equals_the_fit_of_those_moments(rng):
+    X = unit_rows(rng, 50, 6)
+    fitted = ad.Gaussian(tau=0.1).fit(X)
+    direct = ad.Gaussian.from_moments(fitted.mean_, fitted.covariance_, tau=0.1)
+    Q = unit_rows(rng, 4, 6)
+    np.testing.assert_array_equal(direct.pairwise(Q, Q), fitted.pairwise(Q, Q))
+    with pytest.raises(ValueError, match="positive semi-definite"):
+        ad.Gaussian.from_moments(np.zeros(2), [[1.0, 0.0], [0.0, -1.0]], tau=0.1)
+    with pytest.raises(ValueError, match=r"mean must be \(d,\)"):
+        ad.Gaussian.from_moments(np.zeros(3), np.eye(2), tau=0.1)

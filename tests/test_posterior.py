@@ -330,7 +330,7 @@ def test_bad_prior_and_target(pair):
         ad.Gaussian(tau=TAU).fit(target, prior=ad.Cosine().fit())
     with pytest.raises(ValueError, match="dimension 10 but the target anchors have dimension 6"):
         ad.Gaussian(tau=TAU).fit(target[:, :6], prior=broad)
-    gmm2 = ad.GaussianMixture(2, tau=TAU).fit(broad)
+    gmm2 = ad.GaussianMixture(n_components=2, tau=TAU).fit(broad)
     with pytest.raises(ValueError, match="dimension"):
         ad.GaussianMixture(n_components=2, tau=TAU).fit(target[:, :6], prior=gmm2)
     with pytest.raises(ad.NotFittedError, match="not fitted"):
@@ -338,9 +338,9 @@ def test_bad_prior_and_target(pair):
     with pytest.raises(ValueError, match="rank=3 differs from the prior's rank=0.95"):
         ad.LatentSpherical(rank=3, tau=TAU).fit(target, prior=ad.LatentSpherical(tau=TAU).fit(broad))
     with pytest.raises(ValueError, match="n_components=3 differs"):
-        ad.GaussianMixture(3, tau=TAU).fit(target, prior=gmm2)
+        ad.GaussianMixture(n_components=3, tau=TAU).fit(target, prior=gmm2)
     for nu0 in (d + 1, d, -3):
-        for model in (ad.Gaussian(tau=TAU, nu0=nu0), ad.GaussianMixture(2, tau=TAU, nu0=nu0)):
+        for model in (ad.Gaussian(tau=TAU, nu0=nu0), ad.GaussianMixture(n_components=2, tau=TAU, nu0=nu0)):
             with pytest.raises(ValueError, match="nu0"):
                 model.fit(target, prior=broad)
     for cls in (ad.LatentGaussian, ad.LatentSpherical):
@@ -355,7 +355,7 @@ def test_bad_prior_and_target(pair):
     with pytest.raises(ValueError, match="summary"):
         ad.Gaussian(tau=TAU, summary="median").fit(target, prior=broad)
     with pytest.raises(ValueError, match="dirichlet_alpha"):
-        ad.GaussianMixture(2, tau=TAU, dirichlet_alpha=-1).fit(target, prior=broad)
+        ad.GaussianMixture(n_components=2, tau=TAU, dirichlet_alpha=-1).fit(target, prior=broad)
     with pytest.raises(ValueError, match="Softmax is nonparametric"):
         ad.Softmax(tau=TAU).fit(target, prior=broad)
     with pytest.raises(ValueError, match="prior must be an AnchorSet"):

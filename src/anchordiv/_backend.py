@@ -8,12 +8,13 @@ Tensors are never moved between devices silently.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+
+from ._util import positive_int  # noqa: F401  (re-exported: the geometries and backends use it)
 
 _COMPUTE_DTYPES = (torch.float32, torch.float64)
 
@@ -100,12 +101,3 @@ def row_chunks(n: int, chunk: int):
     chunk = max(1, int(chunk))
     for start in range(0, n, chunk):
         yield slice(start, min(n, start + chunk))
-
-
-def positive_int(value: Any, name: str, allow_none: bool = False) -> int | None:
-    """``value`` as an int ≥ 1 (Python or numpy integer), or a ``ValueError`` naming ``name``."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or int(value) < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}.")
-    return int(value)

@@ -41,19 +41,18 @@ and the encoder name both match.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import os
 import re
-import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from ._util import atomic_write, require
 from .anchors import AnchorSet
 
 __all__ = [
@@ -76,7 +75,6 @@ YAML_SUFFIXES = (".yaml", ".yml")
 
 _CACHE_FORMAT = "anchordiv.anchors-cache"
 _CACHE_VERSION = 1
-_SET_KEYS = {"phrases", "names", "template", "templates", "weights", "mix"}
 _BAD_NAME = re.compile(r"[,:\s]")
 
 
@@ -218,8 +216,7 @@ def _select(available: Sequence[str], mix: Mapping[str, float],
 
 def _check_proportions(props: Sequence[float], names: Sequence[str], arg: str) -> None:
     for n, p in zip(names, props):
-        if not math.isfinite(p) or p < 0:
-            raise ValueError(f"{arg}: proportion of set {n!r} must be a finite number >= 0, got {p!r}")
+        _number(p, f"{arg}: proportion of set {n!r}")
     if sum(props) <= 0:
         raise ValueError(f"{arg}: the proportions are all zero; give at least one set a positive proportion")
 
@@ -257,8 +254,43 @@ def _phrase_list(value: Any, where: str) -> list[str]:
     return out
 
 
-def _parse_set(name: str, spec: Any, where: str) -> tuple[AnchorTexts, float]:
-    """One YAML set → (texts and weights, default mix proportion)."""
+def _templates(value: Any, where: str) -> list[str]:
+    templates = [value] if isinstance(value, str) else _phrase_list(value, where)
+    for t in templates:
+        if "{}" not in t:
+            raise ValueError(f"{where}: template {t!r} has no '{{}}' placeholder for the name")
+    return templates
+
+
+def _numbers(value: Any, where: str) -> list[float]:
+    if not isinstance(value, list):
+        raise ValueError(f"{where} must be a list of numbers, got {type(value).__name__}")
+    return [_number(x, f"{where}[{i}]") for i, x in enumerate(value)]
+
+
+#: The schema of a YAML set given as a mapping: each key with the check of its value,
+#: called as ``check(value, "<set>.<key>")`` and returning the parsed value.
+_SET_FIELDS: dict[str, Callable[[Any, str], Any]] = {
+    "mix": _number,
+    "names": _phrase_list,
+    "template": _templates,
+    "templates": _templates,
+    "phrases": _phrase_list,
+    "weights": _numbers,
+}
+
+#: Which keys a set needs together: (the keys are wrong, the message).
+_SET_RULES: tuple[tuple[Callable[[set], bool], str], ...] = (
+    (lambda keys: ("names" in keys) == ("phrases" in keys), "{where} needs exactly one of 'phrases:' or 'names:'"),
+    (lambda keys: "names" in keys and ("template" in keys) == ("templates" in keys),
+     "{where} with 'names:' needs a 'template:' (a string with {{}} or a list of them)"),
+    (lambda keys: "phrases" in keys and bool(keys & {"template", "templates"}),
+     "{where}: 'template:' needs 'names:' rather than 'phrases:'"),
+)
+
+
+def _parse_set(spec: Any, where: str) -> tuple[AnchorTexts, float]:
+    """One YAML set → (texts and weights, default mix proportion), checked against the schema."""
     if isinstance(spec, list):
         return AnchorTexts(_phrase_list(spec, where), None), 1.0
     if not isinstance(spec, dict):
@@ -266,45 +298,27 @@ def _parse_set(name: str, spec: Any, where: str) -> tuple[AnchorTexts, float]:
             f"{where} must be a list of phrases or a mapping with 'phrases:' or 'names:' and "
             f"'template:', got {type(spec).__name__}"
         )
-    unknown = sorted(str(k) for k in spec if k not in _SET_KEYS)
+    unknown = sorted(str(k) for k in spec if k not in _SET_FIELDS)
     if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r}; valid keys are {', '.join(sorted(_SET_KEYS))}")
-    mix = _number(spec["mix"], f"{where}.mix") if "mix" in spec else 1.0
-    has_names = "names" in spec
-    if has_names == ("phrases" in spec):
-        raise ValueError(f"{where} needs exactly one of 'phrases:' or 'names:'")
-    if has_names:
-        names = _phrase_list(spec["names"], f"{where}.names")
-        if ("template" in spec) == ("templates" in spec):
-            raise ValueError(f"{where} with 'names:' needs a 'template:' (a string with {{}} or a list of them)")
-        tmpl = spec.get("template", spec.get("templates"))
-        key = "template" if "template" in spec else "templates"
-        templates = [tmpl] if isinstance(tmpl, str) else _phrase_list(tmpl, f"{where}.{key}")
-        for t in templates:
-            if not isinstance(t, str) or "{}" not in t:
-                raise ValueError(f"{where}.{key}: template {t!r} has no '{{}}' placeholder for the name")
-        texts = [t.replace("{}", n) for n in names for t in templates]
-    else:
-        if "template" in spec or "templates" in spec:
-            raise ValueError(f"{where}: 'template:' needs 'names:' rather than 'phrases:'")
-        names, templates = [], []
-        texts = _phrase_list(spec["phrases"], f"{where}.phrases")
-    weights = None
-    if "weights" in spec:
-        raw = spec["weights"]
-        if not isinstance(raw, list):
-            raise ValueError(f"{where}.weights must be a list of numbers, got {type(raw).__name__}")
-        w = [_number(x, f"{where}.weights[{i}]") for i, x in enumerate(raw)]
-        if has_names and len(w) == len(names) and len(w) != len(texts):
-            w = [wi / len(templates) for wi in w for _ in templates]
-        if len(w) != len(texts):
-            per = f"one per name ({len(names)}) or one per phrase ({len(texts)})" if has_names else \
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; valid keys are {', '.join(sorted(_SET_FIELDS))}")
+    for wrong, message in _SET_RULES:
+        if wrong(set(spec)):
+            raise ValueError(message.format(where=where))
+    value = {key: check(spec[key], f"{where}.{key}") for key, check in _SET_FIELDS.items() if key in spec}
+    names = value.get("names", [])
+    templates = value.get("template", value.get("templates", []))
+    texts = [t.replace("{}", n) for n in names for t in templates] or value["phrases"]
+    weights = value.get("weights")
+    if weights is not None:
+        if names and len(weights) == len(names) != len(texts):
+            weights = [w / len(templates) for w in weights for _ in templates]
+        if len(weights) != len(texts):
+            per = f"one per name ({len(names)}) or one per phrase ({len(texts)})" if names else \
                 f"one per phrase ({len(texts)})"
-            raise ValueError(f"{where}.weights has {len(raw)} entries; give {per}")
-        if sum(w) <= 0:
+            raise ValueError(f"{where}.weights has {len(value['weights'])} entries; give {per}")
+        if sum(weights) <= 0:
             raise ValueError(f"{where}.weights are all zero; give at least one phrase a positive weight")
-        weights = w
-    return AnchorTexts(texts, weights), mix
+    return AnchorTexts(texts, weights), value.get("mix", 1.0)
 
 
 def _check_set_name(name: Any, path: Path) -> str:
@@ -349,21 +363,16 @@ def read_anchors_file(path: str | os.PathLike) -> AnchorsFile:
     digest = _sha256_file(p)
     stem = _check_set_name(re.sub(r"[,:\s]+", "_", p.stem) or "anchors", p)
     if p.suffix.lower() in YAML_SUFFIXES:
-        try:
-            import yaml
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError("YAML anchors files need PyYAML; install it with `pip install pyyaml`") from exc
+        yaml = require("yaml", "pyyaml", "YAML anchors files")
         try:
             with open(p, encoding="utf-8") as fh:
                 data = yaml.safe_load(fh)
         except yaml.YAMLError as exc:
             msg = " ".join(str(exc).split())
             raise ValueError(f"anchors file {str(p)!r} is not valid YAML: {msg}") from None
-        if data is None:
-            raise ValueError(f"anchors file {str(p)!r} is empty; give at least one anchor set")
         if isinstance(data, list):
             data = {stem: data}
-        if not isinstance(data, dict):
+        if data is not None and not isinstance(data, dict):
             raise ValueError(
                 f"anchors file {str(p)!r} must hold a mapping of set name -> set, got {type(data).__name__}"
             )
@@ -375,13 +384,12 @@ def read_anchors_file(path: str | os.PathLike) -> AnchorsFile:
             name = _check_set_name(raw_name, p)
             if name in sets:
                 raise ValueError(f"anchors file {str(p)!r}: set {name!r} is defined twice")
-            sets[name], mix[name] = _parse_set(name, spec, f"anchors file {str(p)!r}: set {name!r}")
+            sets[name], mix[name] = _parse_set(spec, f"anchors file {str(p)!r}: set {name!r}")
         if sum(mix.values()) <= 0:
             raise ValueError(f"anchors file {str(p)!r}: every set has mix: 0; give one a positive mix")
     else:
         with open(p, encoding="utf-8") as fh:
-            lines = [line.strip() for line in fh]
-        texts = [line for line in lines if line and not line.startswith("#")]
+            texts = [t for t in (line.strip() for line in fh) if t and not t.startswith("#")]
         if not texts:
             raise ValueError(f"anchors file {str(p)!r} holds no anchors (only blank lines or # comments)")
         sets, mix = {stem: AnchorTexts(texts, None)}, {stem: 1.0}
@@ -472,15 +480,10 @@ def _read_cache(file: Path, digest: str, encoder_name: str) -> dict | None:
 
 
 def _write_cache(file: Path, arrays: Mapping[str, np.ndarray]) -> bool:
-    tmp = file.with_name(f"{file.name}.partial-{uuid.uuid4().hex}")
     try:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, file)
+        atomic_write(file, lambda fh: np.savez(fh, **arrays), advice="pass cache=False")
         return True
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         warnings.warn(f"could not write the anchor cache {str(file)!r} ({exc}); continuing without it",
                       stacklevel=3)
         return False

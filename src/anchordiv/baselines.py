@@ -7,13 +7,13 @@ They need no temperature.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ._backend import as_tensor, check_dim
-from .anchors import AnchorSet
-from .models.base import Geometry
+from .models.base import Geometry, prepare_anchors
 
 
 def _unit(X: torch.Tensor, name: str) -> torch.Tensor:
@@ -78,7 +78,11 @@ class ImageTextInversion(Geometry):
     anchors_ : torch.Tensor (N, d)
     """
 
-    anchor_chunk: int = 8192
+    anchor_batch_size: int = 8192
+
+    @classmethod
+    def tags(cls):
+        return replace(super().tags(), needs_anchors=True)
 
     def __init__(self):
         pass
@@ -86,9 +90,7 @@ class ImageTextInversion(Geometry):
     def fit(self, anchors: Any, prior: Any = None) -> "ImageTextInversion":
         if prior is not None:
             raise ValueError("ImageTextInversion takes no prior.")
-        if not isinstance(anchors, AnchorSet):
-            anchors = AnchorSet(anchors)
-        anchors = anchors.support()
+        anchors = prepare_anchors(anchors, type(self).__name__)
         self._reset_cache()
         self.anchors_ = anchors.embeddings
         self.n_anchors_ = len(anchors)
@@ -105,8 +107,8 @@ class ImageTextInversion(Geometry):
     def _proxy_index(self, Q: torch.Tensor) -> torch.Tensor:
         best = Q.new_full((Q.shape[0],), -torch.inf)
         idx = torch.zeros(Q.shape[0], dtype=torch.long, device=Q.device)
-        for start in range(0, self.n_anchors_, self.anchor_chunk):
-            scores = Q @ self.anchors_[start:start + self.anchor_chunk].to(Q.dtype).T
+        for start in range(0, self.n_anchors_, self.anchor_batch_size):
+            scores = Q @ self.anchors_[start:start + self.anchor_batch_size].to(Q.dtype).T
             value, arg = scores.max(dim=1)
             better = value > best
             best = torch.where(better, value, best)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import csv
 import io as _io
+import functools
 import json
-import math
 import os
 import sys
 import warnings
@@ -23,13 +23,15 @@ from typing import Any, Sequence
 import click
 
 from . import __version__
+from ._util import json_scalar
+from .models import default_tau, model_names, registry
 
 #: Geometries accepted by ``--model`` (the registry of :func:`anchordiv.make_model`).
-MODEL_NAMES = ("softmax", "gaussian", "gmm", "latent_gaussian", "latent_spherical", "cosine", "iti")
+MODEL_NAMES = tuple(registry())
 #: Geometries with a temperature.
-TAU_MODELS = ("softmax", "gaussian", "gmm", "latent_gaussian", "latent_spherical")
+TAU_MODELS = model_names(takes_temperature=True)
 #: Geometries that need anchors.
-ANCHOR_MODELS = TAU_MODELS + ("iti",)
+ANCHOR_MODELS = model_names(needs_anchors=True)
 #: Suffix of the file written next to a saved index with what the command line needs.
 INDEX_META_SUFFIX = ".anchordiv.json"
 
@@ -198,24 +200,18 @@ def _check_model_options(models: Sequence[str], tau: float | None, components: i
 
 def _build_model(name: str, anchors: Any, tau: float | None, components: int | None, rank: Any,
                  seed: int | None) -> Any:
-    """A fitted geometry from its registry name."""
-    from .models import make_model
+    """A fitted geometry from its registry name (:func:`anchordiv.experiments.build_geometry`)."""
+    from .experiments.core import build_geometry
 
-    params: dict[str, Any] = {}
-    if name in TAU_MODELS:
-        if tau is None:
-            raise click.UsageError(
-                f"--model {name} needs a temperature: pass --tau, or use a collection whose manifest records one"
-            )
-        params["tau"] = float(tau)
-    if name == "gmm":
-        if components is not None:
-            params["n_components"] = int(components)
-        if seed is not None:
-            params["seed"] = int(seed)
-    if name.startswith("latent_") and rank is not None:
-        params["rank"] = rank
-    model = make_model(name, **params)
+    if name in TAU_MODELS and tau is None:
+        raise click.UsageError(
+            f"--model {name} needs a temperature: pass --tau, or use a collection whose manifest records one"
+        )
+    own = {"n_components": components, "seed": seed} if name == "gmm" else \
+        {"rank": rank} if name.startswith("latent_") else {}
+    params = {name: {key: value for key, value in own.items() if value is not None}}
+    n = len(anchors) if anchors is not None else 0
+    model = build_geometry(name, tau, n, 0, params, seed=0 if seed is None else seed, clip=False)
     if name in ANCHOR_MODELS:
         if anchors is None:
             raise click.UsageError(f"--model {name} needs --anchors")
@@ -265,41 +261,54 @@ def _resolve_anchor_options(specs: Sequence[str], encoder: LazyEncoder | None) -
 
 def _default_tau(tau: float | None, collection: Any, anchor_taus: Sequence[float | None],
                  encoder: LazyEncoder | None, models: Sequence[str]) -> float | None:
-    """``--tau``, else the collection's manifest, else the encoder's tau."""
-    if tau is not None:
-        return tau
-    if collection is not None and getattr(collection, "tau", None) is not None:
-        return float(collection.tau)
-    for t in anchor_taus:
-        if t is not None:
-            return float(t)
-    if encoder is not None and any(m in TAU_MODELS for m in models):
-        return float(encoder.tau)
-    return None
+    """``--tau``, else the collection's manifest, else the anchors' or the encoder's tau."""
+    try:
+        return default_tau(models, tau, getattr(collection, "tau", None), *anchor_taus,
+                           (lambda: encoder.tau) if encoder is not None else None)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
-def _find_rows(collection: Any, values: Sequence[str]) -> list[int]:
-    """Row numbers for ``--query-id`` values: an ``id`` metadata column value, else a row number."""
-    n = len(collection)
-    id_col = None
+def _id_column(collection: Any) -> list[str] | None:
+    """The collection's 'id' metadata column as strings, or None."""
+    meta = getattr(collection, "metadata", None)
+    if meta is None or "id" not in meta.columns:
+        return None
+    return [str(v) for v in meta["id"].tolist()]
+
+
+def _item_id(collection: Any, row: int) -> Any:
+    """How every command names an item: its 'id' column value, else its row number."""
     meta = getattr(collection, "metadata", None)
     if meta is not None and "id" in meta.columns:
-        id_col = [str(v) for v in meta["id"].tolist()]
+        return _plain(meta["id"].iloc[row])
+    return int(row)
+
+
+def _find_rows(collection: Any, refs: Sequence[tuple[str, Any]]) -> list[int]:
+    """Row numbers for ("row", N) and ("id", VALUE) query references."""
+    n = len(collection)
+    ids = None
     rows = []
-    for v in values:
-        if id_col is not None and v in id_col:
-            rows.append(id_col.index(v))
+    for kind, v in refs:
+        if kind == "row":
+            if not 0 <= int(v) < n:
+                raise click.BadParameter(f"row {v} is out of range; the collection has {n} rows (0..{n - 1})",
+                                         param_hint="--query-row")
+            rows.append(int(v))
             continue
-        try:
-            r = int(v)
-        except ValueError:
+        ids = _id_column(collection) if ids is None else ids
+        if ids is None:
             raise click.BadParameter(
-                f"{v!r} is neither a row number nor a value of the collection's 'id' column",
-                param_hint="--query-id") from None
-        if not 0 <= r < n:
-            raise click.BadParameter(f"row {r} is out of range; the collection has {n} rows (0..{n - 1})",
-                                     param_hint="--query-id")
-        rows.append(r)
+                f"{v!r}: the collection has no 'id' column; pass a row number with --query-row {v}",
+                param_hint="--query-id")
+        matches = [i for i, x in enumerate(ids) if x == str(v)]
+        if not matches:
+            raise click.BadParameter(f"no item has id {v!r} in the collection's 'id' column", param_hint="--query-id")
+        if len(matches) > 1:
+            raise click.BadParameter(f"id {v!r} appears {len(matches)} times in the 'id' column (rows "
+                                     f"{matches[:5]}); pass one with --query-row", param_hint="--query-id")
+        rows.append(matches[0])
     return rows
 
 
@@ -341,13 +350,14 @@ def _gather_queries(collection: Any, ids: Sequence[str], texts: Sequence[str], i
     import numpy as np
 
     if not (ids or texts or images):
-        raise click.UsageError("give at least one query: --query-id, --query-text or --query-image")
+        raise click.UsageError("give at least one query: --query-row, --query-id, --query-text or --query-image")
     q = _Queries()
     if ids:
         if collection is None:
-            raise click.UsageError("--query-id needs a collection")
+            raise click.UsageError("--query-row and --query-id need a collection")
         for r in _find_rows(collection, ids):
-            q.add(np.asarray(collection.embeddings[r], dtype=np.float32), f"#{r} {_describe_row(collection, r)}", "id", r)
+            q.add(np.asarray(collection.embeddings[r], dtype=np.float32),
+                  f"#{_item_id(collection, r)} {_describe_row(collection, r)}", "id", r)
     if texts:
         enc = _require_encoder(encoder, "--query-text")
         for t, v in zip(texts, enc.encode_text(list(texts))):
@@ -373,16 +383,7 @@ def _check_k(k: int, n: int) -> None:
 
 def _plain(value: Any) -> Any:
     """A JSON-friendly form of a metadata value."""
-    if hasattr(value, "item") and callable(value.item):
-        try:
-            value = value.item()
-        except (ValueError, TypeError):
-            pass
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return str(value)
+    return json_scalar(value)
 
 
 def _own_rows(queries: _Queries, include_self: bool) -> Any:
@@ -411,7 +412,8 @@ def _results(collection: Any, queries: _Queries, distances: Any, indices: Any) -
         for d, i in zip(np.asarray(distances[qi]).tolist(), np.asarray(indices[qi]).tolist()):
             if i < 0:
                 continue
-            hit = {"rank": len(hits) + 1, "id": int(i), "distance": float(d)}
+            hit = {"rank": len(hits) + 1, "id": _item_id(collection, i) if collection is not None else int(i),
+                   "row": int(i), "distance": float(d)}
             if meta is not None and i < len(meta):
                 for c in columns:
                     hit[c] = _plain(meta[c].iloc[i])
@@ -532,14 +534,49 @@ def _to_numpy(x: Any) -> Any:
 
 
 def _query_options(f):
-    f = click.option("--query-image", "query_images", multiple=True, metavar="PATH",
-                     help="Image query, embedded with the collection's encoder (repeatable).")(f)
-    f = click.option("--query-text", "query_texts", multiple=True, metavar="TEXT",
-                     help="Text query, embedded with the collection's encoder (repeatable).")(f)
-    f = click.option("--query-id", "query_ids", multiple=True, metavar="ID",
-                     help="Row number of the collection (or a value of its 'id' column) to use as a query "
-                          "(repeatable); the row itself is left out of its results unless --include-self.")(f)
-    return f
+    """--query-row, --query-id, --query-text, --query-image; the command receives the rows and
+    ids together as ``query_ids``, a list of ("row", N) and ("id", VALUE) pairs."""
+
+    @functools.wraps(f)
+    def command(*args, query_rows=(), query_id_values=(), **kwargs):
+        refs = [("row", r) for r in query_rows] + [("id", v) for v in query_id_values]
+        return f(*args, query_ids=refs, **kwargs)
+
+    command = click.option("--query-image", "query_images", multiple=True, metavar="PATH",
+                           help="Image query, embedded with the collection's encoder (repeatable).")(command)
+    command = click.option("--query-text", "query_texts", multiple=True, metavar="TEXT",
+                           help="Text query, embedded with the collection's encoder (repeatable).")(command)
+    command = click.option("--query-id", "query_id_values", multiple=True, metavar="ID",
+                           help="A value of the collection's 'id' column to use as a query (repeatable); "
+                                "the item itself is left out of its results unless --include-self.")(command)
+    command = click.option("--query-row", "query_rows", multiple=True, type=click.IntRange(min=0), metavar="N",
+                           help="A row number (0-based) of the collection to use as a query (repeatable); "
+                                "the row itself is left out of its results unless --include-self.")(command)
+    return command
+
+
+def _encoder_option(help_text: str):
+    """``--encoder SPEC`` (default minilm), with ``--model`` kept as a deprecated alias that warns."""
+
+    def warn(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None:
+            warnings.warn(f"--model {value} names the encoder here, which is now --encoder; "
+                          "--model means the geometry in every other command", FutureWarning)
+        return value
+
+    def decorate(f):
+        @functools.wraps(f)
+        def command(*args, deprecated_model=None, **kwargs):
+            if deprecated_model is not None:
+                kwargs["model"] = deprecated_model
+            return f(*args, **kwargs)
+
+        command = click.option("--model", "deprecated_model", default=None, hidden=True, metavar="SPEC",
+                               expose_value=True, callback=warn)(command)
+        return click.option("--encoder", "model", default="minilm", show_default=True, metavar="SPEC",
+                            help=help_text)(command)
+
+    return decorate
 
 
 def _model_options(f):
@@ -547,7 +584,7 @@ def _model_options(f):
     f = click.option("--rank", default=None, metavar="K|FRACTION",
                      help="Latent models: subspace dimension k, or a variance fraction in (0, 1] (default 0.95).")(f)
     f = click.option("--components", type=click.IntRange(min=1), default=None,
-                     help="gmm: number of mixture components.")(f)
+                     help="gmm: number of mixture components (default 4, as in the Python API and `eval`).")(f)
     f = click.option("--tau", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Temperature; default from the collection's manifest, else the encoder.")(f)
     return f
@@ -586,8 +623,7 @@ def cli(debug: bool) -> None:
 @cli.command(short_help="Embed images or texts into a collection.")
 @click.argument("source", type=click.Path(exists=True))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Collection folder to write.")
-@click.option("--model", "--encoder", "model", default="minilm", show_default=True, metavar="SPEC",
-              help="Encoder spec: minilm, open_clip:ARCH/PRETRAINED, hf_clip:NAME, sentence-transformers:NAME.")
+@_encoder_option("Encoder spec: minilm, open_clip:ARCH/PRETRAINED, hf_clip:NAME, sentence-transformers:NAME.")
 @click.option("--column", default=None, help="Text column of a CSV/TSV/parquet file (default: caption, else text).")
 @click.option("--shard-size", type=click.IntRange(min=1), default=10_000, show_default=True, help="Items per shard.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True, help="Items per encoder call.")
@@ -609,7 +645,7 @@ def embed(source: str, out_dir: str, model: str, column: str | None, shard_size:
 
     \b
       anchordiv embed reviews.csv --column text --out reviews_emb/
-      anchordiv embed photos/ --model open_clip:ViT-B-32/laion2b_s34b_b79k --out photos_emb/
+      anchordiv embed photos/ --encoder open_clip:ViT-B-32/laion2b_s34b_b79k --out photos_emb/
     """
     from .io import embed_collection, list_images, read_texts
 
@@ -640,8 +676,7 @@ def embed(source: str, out_dir: str, model: str, column: str | None, shard_size:
 
 @cli.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--model", "--encoder", "model", default="minilm", show_default=True, metavar="SPEC",
-              help="Encoder spec (as for embed).")
+@_encoder_option("Encoder spec (as for embed).")
 @click.option("--device", default=None, help="Torch device of the encoder.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Phrases per encoder call.")
 @click.option("--refresh", is_flag=True, help="Recompute even if a matching cache exists.")
@@ -661,7 +696,7 @@ def anchors(file: str, model: str, device: str | None, batch_size: int | None, r
         names: [cat, dog, car]
         template: "a photo of a {}"
       style: [a watercolor painting, a pencil sketch]
-      $ anchordiv anchors anchors.yaml --model minilm
+      $ anchordiv anchors anchors.yaml --encoder minilm
     """
     from .anchorsfile import embed_anchors
 
@@ -861,10 +896,11 @@ def compare(collection, query_ids, query_texts, query_images, anchor_specs, mode
     result = report.compare(
         Qd, Gd, geometries, k=k, query_rows=queries.rows, exclude_self=not include_self,
         labels={c: meta[c].to_numpy() for c in label_cols} or None, items=items, query_items=query_items,
-        query_titles=[f"row #{r}" if r is not None else f"{kind} query"
+        query_titles=[f"#{_item_id(coll, r)}" if r is not None else f"{kind} query"
                       for kind, r in zip(queries.kinds, queries.rows)],
         kind=coll.kind or "text", symmetric=not asymmetric,
         info={key: v for key, v in info.items() if v is not None},
+        item_ids=[_item_id(coll, r) for r in range(len(coll))],
     )
     paths = report.write_report(result, out_dir, title=title, png=png)
     click.echo(os.fspath(paths))
@@ -990,7 +1026,10 @@ def index_search(index_path, query_ids, query_texts, query_images, k, collection
               help="Queries shown in the report.")
 @click.option("--encoder", default="minilm", show_default=True, metavar="SPEC", help="Encoder spec.")
 @click.option("--device", default=None, help="Torch device of the encoder.")
-def demo(out_dir: str, seed: int, n: int, k: int, n_queries: int, encoder: str, device: str | None) -> None:
+@click.option("--serve", "serve", is_flag=True, help="Serve the demo collection on a local web page instead.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port of --serve.")
+def demo(out_dir: str, seed: int, n: int, k: int, n_queries: int, encoder: str, device: str | None,
+         serve: bool, port: int) -> None:
     """Run the scene demo: mean AUPRC of every geometry on every factor, and a neighbour report.
 
     Generates N scene descriptions varying a dog breed, a place and a piece of clothing,
@@ -1003,8 +1042,14 @@ def demo(out_dir: str, seed: int, n: int, k: int, n_queries: int, encoder: str, 
     \b
       anchordiv demo --out demo-report/ --seed 0
       anchordiv demo --n 60 -k 4 --out /tmp/quick-demo/
+      anchordiv demo --serve --port 8000     # the web page at http://127.0.0.1:8000/
     """
     from . import demo as demo_module
+
+    if serve:
+        from .serve.cli import serve_demo
+
+        return serve_demo(n=n, seed=seed, encoder=LazyEncoder(encoder, device), port=port)
 
     if k >= n:
         raise click.BadParameter(f"{k} must be below --n {n} (a query's own text is excluded)", param_hint="-k")
@@ -1024,7 +1069,14 @@ def _register_eval() -> None:
     cli.add_command(eval_command())
 
 
+def _register_serve() -> None:
+    from .serve.cli import serve_command
+
+    cli.add_command(serve_command)
+
+
 _register_eval()
+_register_serve()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

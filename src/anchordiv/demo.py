@@ -25,6 +25,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ._util import positive_int
+
 #: The three factors of a scene, in display order.
 FACTORS = ("breed", "place", "clothing")
 
@@ -124,8 +126,7 @@ def make_scene_collection(n: int = 360, seed: int = 0) -> tuple[list[str], "Any"
     """
     import pandas as pd
 
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}.")
+    n = positive_int(n, "n")
     rng = np.random.default_rng(seed)
     keys = {f: list(_VALUES[f]) for f in FACTORS}
     idx = {f: _balanced(n, len(keys[f]), rng) for f in FACTORS}
@@ -400,8 +401,7 @@ def run_demo(
     say = echo or (lambda *_: None)
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}.")
+    k = positive_int(k, "k")
     anchor_sets = scene_anchor_sets(anchor_design)
     texts, labels = make_scene_collection(n, seed)
     if k >= n:

@@ -57,6 +57,8 @@ from typing import Any
 
 import numpy as np
 
+from ._util import positive_int
+
 __all__ = [
     "MAPResult",
     "BootstrapCI",
@@ -71,7 +73,7 @@ __all__ = [
 # Number of matrix elements processed at once by the vectorised AP kernel.
 # The kernel keeps roughly ten temporaries of this size (about 80 bytes per
 # element in total), so the default uses a few hundred MiB at most.
-_DEFAULT_CHUNK_ELEMENTS = 1 << 22
+_DEFAULT_BLOCK_ELEMENTS = 1 << 22
 
 
 # --------------------------------------------------------------------------- #
@@ -139,12 +141,9 @@ def _check_relevant(relevant: Any, shape: tuple[int, ...]) -> np.ndarray:
     return r
 
 
-def _check_chunk_size(chunk_size: int | None, n_cols: int) -> int:
-    if chunk_size is None:
-        return max(1, _DEFAULT_CHUNK_ELEMENTS // max(n_cols, 1))
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
-        raise ValueError(f"`chunk_size` must be a positive integer or None; got {chunk_size!r}")
-    return int(chunk_size)
+def _check_batch_size(batch_size: int | None, n_cols: int) -> int:
+    batch_size = positive_int(batch_size, "`batch_size`", allow_none=True)
+    return max(1, _DEFAULT_BLOCK_ELEMENTS // max(n_cols, 1)) if batch_size is None else batch_size
 
 
 # --------------------------------------------------------------------------- #
@@ -190,7 +189,7 @@ def _drop_diagonal(block: np.ndarray, row_start: int) -> np.ndarray:
 
 
 def _ap_matrix(
-    d: np.ndarray, rel: np.ndarray, exclude_self: bool, chunk_size: int | None
+    d: np.ndarray, rel: np.ndarray, exclude_self: bool, batch_size: int | None
 ) -> np.ndarray:
     q, g = d.shape
     if exclude_self:
@@ -203,7 +202,7 @@ def _ap_matrix(
                 "`exclude_self=True` needs at least 2 items; `distances` has shape "
                 f"{d.shape}"
             )
-    rows = _check_chunk_size(chunk_size, g)
+    rows = _check_batch_size(batch_size, g)
     out = np.empty(q, dtype=np.float64)
     for start in range(0, q, rows):
         stop = min(start + rows, q)
@@ -219,7 +218,7 @@ def average_precision(
     relevant: Any,
     *,
     exclude_self: bool = False,
-    chunk_size: int | None = None,
+    batch_size: int | None = None,
 ) -> float | np.ndarray:
     r"""Per-query average precision, ranking by increasing distance.
 
@@ -246,7 +245,7 @@ def average_precision(
         For retrieval within one set (``Q == G``): drop item ``i`` from the
         ranking *and* from the relevance of query ``i`` before computing AP.
         Requires 2-D square input.
-    chunk_size : int or None, default None
+    batch_size : int or None, default None
         Number of queries processed at once (memory bound only; the result
         does not depend on it).  ``None`` picks a size from ``G``.
 
@@ -283,8 +282,8 @@ def average_precision(
             raise ValueError(
                 "`exclude_self=True` needs a square 2-D `distances`; got a 1-D array"
             )
-        return float(_ap_matrix(d[None, :], rel[None, :], False, chunk_size)[0])
-    return _ap_matrix(d, rel, exclude_self, chunk_size)
+        return float(_ap_matrix(d[None, :], rel[None, :], False, batch_size)[0])
+    return _ap_matrix(d, rel, exclude_self, batch_size)
 
 
 @dataclass(frozen=True)
@@ -325,7 +324,7 @@ def mean_average_precision(
     relevant: Any,
     *,
     exclude_self: bool = False,
-    chunk_size: int | None = None,
+    batch_size: int | None = None,
 ) -> MAPResult:
     r"""Mean average precision over queries, skipping queries with no hit.
 
@@ -350,7 +349,7 @@ def mean_average_precision(
     exclude_self : bool, default False
         Retrieval within one set (``Q == G``): remove the diagonal pair
         (query ``i``, item ``i``) from both the ranking and the relevance.
-    chunk_size : int or None, default None
+    batch_size : int or None, default None
         Queries processed at once; see :func:`average_precision`.
 
     Returns
@@ -379,7 +378,7 @@ def mean_average_precision(
                 "`exclude_self=True` needs a square 2-D `distances`; got a 1-D array"
             )
         d, rel = d[None, :], rel[None, :]
-    per_query = _ap_matrix(d, rel, exclude_self, chunk_size)
+    per_query = _ap_matrix(d, rel, exclude_self, batch_size)
     valid = ~np.isnan(per_query)
     n_valid = int(valid.sum())
     mean = float(per_query[valid].mean()) if n_valid else float("nan")
@@ -510,8 +509,7 @@ class BootstrapCI:
 
 
 def _check_boot_args(n_boot: Any, level: Any) -> None:
-    if isinstance(n_boot, bool) or not isinstance(n_boot, numbers.Integral) or n_boot < 1:
-        raise ValueError(f"`n_boot` must be a positive integer; got {n_boot!r}")
+    positive_int(n_boot, "`n_boot`")
     if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0 < level < 1:
         raise ValueError(f"`level` must be a number in (0, 1); got {level!r}")
 
@@ -587,7 +585,7 @@ def _bootstrap(
     rng = np.random.default_rng(seed)
     stats = np.empty(n_boot, dtype=np.float64)
     # Replicates are generated in blocks to bound memory for large Q.
-    block = max(1, _DEFAULT_CHUNK_ELEMENTS // n_units)
+    block = max(1, _DEFAULT_BLOCK_ELEMENTS // n_units)
     for start in range(0, n_boot, block):
         b = min(block, n_boot - start)
         # Multiplicities of the draws (outer level), shape (b, n_draws).

@@ -3,11 +3,12 @@
 :func:`compare` runs an exact top-k search for each named geometry and collects, for each
 query, one row per geometry: the neighbours, their distances and, when labels are known,
 which neighbours share the query's label for each label column ("factor").
-:func:`write_report` renders the result as a self-contained HTML page (``index.html``:
-inline CSS, images embedded as base64 thumbnails, no external resources) and as a PNG
-grid (``grid.png``, drawn with matplotlib). Names and texts are escaped in the page (factor
-names reach attribute names only as tokens ``f0``, ``f1``, ...; the header lists them) and drawn
-literally in the PNG (no mathtext). Images are read only from regular files of at most
+:func:`write_report` turns the result into one plain view (:class:`ReportView`) and renders
+it twice: as a self-contained HTML page (``index.html``, from the Jinja2 template
+``templates/report.html.j2`` with autoescaping on: inline CSS, images embedded as base64
+thumbnails, no external resources) and as a PNG grid (``grid.png``, drawn with matplotlib).
+Names and texts are escaped in the page (factor names reach attribute names only as tokens
+``f0``, ``f1``, ...; the header lists them) and drawn literally in the PNG (no mathtext). Images are read only from regular files of at most
 :data:`MAX_IMAGE_BYTES`; others, and Pillow's decompression bombs, are shown as unavailable
 and counted in :attr:`ReportPaths.skipped`.
 
@@ -31,7 +32,6 @@ Examples
 from __future__ import annotations
 
 import base64
-import html
 import io
 import math
 import os
@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+from ._util import positive_int, require
 
 __all__ = ["ReportGeometry", "GeometryRow", "ComparisonResult", "ReportPaths", "compare", "write_report"]
 
@@ -165,6 +167,8 @@ class ComparisonResult:
         The gallery items (texts, image paths or PIL images).
     info : dict
         Extra facts shown in the report header.
+    item_ids : list or None
+        The id shown for each gallery row (None: the row number).
     """
 
     kind: str
@@ -183,6 +187,11 @@ class ComparisonResult:
     known: dict[str, np.ndarray]
     items: Sequence[Any] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    item_ids: list[Any] | None = None
+
+    def item_id(self, row: int) -> Any:
+        """The id a gallery row is shown with: ``item_ids[row]``, else the row number."""
+        return row if self.item_ids is None else self.item_ids[row]
 
     @property
     def n_queries(self) -> int:
@@ -283,13 +292,6 @@ def _to_numpy(x: Any) -> np.ndarray:
             x = x.float()
         x = x.numpy()
     return np.asarray(x)
-
-
-def _as_int(value: Any, name: str, minimum: int = 1) -> int:
-    """``value`` as an int (numpy integers accepted); ValueError naming ``name`` otherwise."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
 
 
 def _take_rows(X: Any, rows: np.ndarray) -> Any:
@@ -420,6 +422,7 @@ def compare(
     symmetric: bool = True,
     info: Mapping[str, Any] | None = None,
     progress: bool | None = None,
+    item_ids: Sequence[Any] | None = None,
 ) -> ComparisonResult:
     """Top-k neighbours of the same queries under several geometries.
 
@@ -470,6 +473,9 @@ def compare(
     progress : bool, optional
         Show (True) or hide (False) the search progress bars; by default they are shown
         for long searches only.
+    item_ids : sequence, optional
+        The id shown for each gallery row, as the command line shows it (default: the
+        collection's ``id`` metadata column when it has one, else the row number).
 
     Returns
     -------
@@ -492,7 +498,7 @@ def compare(
         kind = getattr(collection, "kind", None) or "text"
     if kind not in ITEM_COLUMNS:
         raise ValueError(f"kind must be 'text' or 'image', got {kind!r}.")
-    k = _as_int(k, "k")
+    k = positive_int(k, "k")
     if progress is not None:
         progress = bool(progress)
 
@@ -528,6 +534,13 @@ def compare(
         items = list(items)
         if len(items) != n:
             raise ValueError(f"items has {len(items)} entries but the gallery has {n} rows.")
+    if item_ids is None and collection is not None and getattr(collection, "metadata", None) is not None \
+            and "id" in collection.metadata.columns:
+        item_ids = collection.metadata["id"].tolist()
+    if item_ids is not None:
+        item_ids = list(item_ids)
+        if len(item_ids) != n:
+            raise ValueError(f"item_ids has {len(item_ids)} entries but the gallery has {n} rows.")
     if query_items is not None:
         query_items = list(query_items)
         if len(query_items) != m_all:
@@ -543,7 +556,8 @@ def compare(
             raise ValueError(f"query_titles has {len(query_titles)} entries but there are {m_all} queries.")
         titles = [query_titles[q] for q in qidx]
     else:
-        titles = [f"Query {j + 1}" + (f" · #{r}" if r is not None else "") for j, r in enumerate(own)]
+        titles = [f"Query {j + 1}" + (f" · #{r if item_ids is None else item_ids[r]}" if r is not None else "")
+                  for j, r in enumerate(own)]
 
     factors = _normalize_labels(labels, collection, n, "labels")
     qlabels = {str(f): list(v) for f, v in (query_labels or {}).items()}
@@ -607,7 +621,7 @@ def compare(
         kind=kind, k=k, rows=rows, query_indices=qidx, query_rows=own, query_titles=titles,
         query_items=shown_items, factors=list(factors), query_values=query_values,
         gallery_values=gallery_values, indices=indices, distances=distances, relevant=relevant,
-        known=known, items=items, info=dict(info or {}),
+        known=known, items=items, info=dict(info or {}), item_ids=item_ids,
     )
 
 
@@ -755,228 +769,178 @@ def _fmt_p(p: float) -> str:
 
 
 # ---------------------------------------------------------------------------
-# HTML
-
-_CSS = """
-* { box-sizing: border-box; }
-body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 16px 20px;
-       color: #1f2328; background: #fff; }
-h1 { font-size: 22px; margin: 0 0 4px; }
-.meta { color: #57606a; font-size: 13px; margin: 2px 0; }
-.legend { font-size: 13px; color: #57606a; margin: 8px 0 4px; }
-.legend .swatch { display: inline-block; width: 14px; height: 14px; vertical-align: -2px;
-                  border: 3px solid #1a7f37; border-radius: 3px; margin: 0 4px 0 0; }
-section.query { margin: 18px 0 26px; border-top: 2px solid #d0d7de; padding-top: 10px;
-                overflow-x: auto; }
-section.query h2 { font-size: 17px; margin: 0 0 2px; }
-.qtext { font-size: 14px; margin: 2px 0; }
-.qvalues { font-size: 12px; color: #57606a; margin: 2px 0 8px; }
-.qvalues b { color: #1f2328; font-weight: 600; }
-.row { display: grid; grid-template-columns: 230px repeat(var(--cols), minmax(100px, 1fr));
-       gap: 6px; margin: 0 0 8px; align-items: stretch; min-width: calc(236px + var(--cols) * 106px); }
-.rowlabel { font-size: 12px; padding: 4px 6px; background: #f6f8fa; border-radius: 6px;
-            border-left: 4px solid #8c959f; }
-.rowlabel.primary { border-left-color: #1a7f37; }
-.glabel { font-weight: 600; font-size: 13px; }
-.anchors summary { color: #57606a; cursor: pointer; margin-top: 2px; }
-.anchors ol { margin: 4px 0 0; padding-left: 18px; max-height: 160px; overflow-y: auto; }
-.prec { margin-top: 4px; color: #57606a; }
-.prec .p-primary { color: #1a7f37; font-weight: 700; }
-.card { border: 2px solid #d0d7de; border-radius: 6px; padding: 4px 5px; font-size: 11.5px;
-        line-height: 1.3; background: #fff; display: flex; flex-direction: column; min-width: 0; }
-.card.query { border-color: #0969da; background: #f0f6ff; }
-.card.hit { border: 3px solid #1a7f37; background: #f3fbf4; }
-.card .head { color: #57606a; font-size: 10.5px; margin-bottom: 2px; white-space: nowrap;
-              overflow: hidden; display: flex; justify-content: space-between; gap: 4px; }
-.card .head .dist { color: #8c959f; overflow: hidden; text-overflow: ellipsis; }
-.card .hit-mark { color: #1a7f37; font-weight: 700; }
-.card .text { display: -webkit-box; -webkit-line-clamp: 7; -webkit-box-orient: vertical;
-              overflow: hidden; overflow-wrap: anywhere; flex: 1; }
-.card .imgbox { flex: 1; display: flex; align-items: center; justify-content: center; }
-.card img { display: block; max-width: 100%; max-height: 140px; margin: 0 auto; border-radius: 3px; }
-.card .missing { color: #cf222e; font-size: 11px; }
-.chips { margin-top: 3px; display: flex; flex-wrap: wrap; gap: 2px; }
-.chip { font-size: 10px; padding: 0 4px; border-radius: 8px; white-space: nowrap; overflow: hidden;
-        text-overflow: ellipsis; max-width: 100%; }
-.chip.yes { background: #dafbe1; color: #116329; }
-.chip.no { background: #eaeef2; color: #6e7781; text-decoration: line-through; }
-"""
+# the view: what the page and the grid show
 
 
-def _chip_order(factors: Sequence[str], grow: GeometryRow, marked_only: bool = True) -> list[str]:
-    """Factors of a row's chips: the row's primary factor first, then the others in order."""
-    out = [f for f in factors if f in grow.mark or not marked_only]
-    return sorted(out, key=lambda f: f != grow.factor)
+@dataclass
+class Content:
+    """The body of a card: a thumbnail, an unavailable image or a text.
+
+    ``src`` is the thumbnail as a data URI (``text`` is then its file name); ``reason`` says
+    why an image is unavailable (``text`` names it); with neither, ``text`` is the item's text.
+    """
+
+    text: str
+    src: str | None = None
+    reason: str | None = None
+
+    @property
+    def is_image(self) -> bool:
+        return self.src is not None or self.reason is not None
+
+    @property
+    def short(self) -> str:
+        return _short(self.text, CARD_CHARS)
 
 
-def _h(s: Any) -> str:
-    return html.escape(str(s), quote=True)
+@dataclass
+class Chip:
+    """A ✓/✗ mark of a neighbour: whether its ``value`` of ``factor`` is the query's."""
+
+    factor: str
+    value: str
+    same: bool
 
 
-class _Html:
-    """Builds the HTML page of a :class:`ComparisonResult`."""
+@dataclass
+class NeighbourView:
+    """One neighbour card; ``relevant`` maps factor tokens (``f0``, ...) to relevance, known ones only."""
 
-    def __init__(self, result: ComparisonResult, title: str, thumbs: _Thumbs):
-        self.r = result
-        self.title = title
-        self.thumbs = thumbs
-        self._uris: dict[Any, str | None] = {}
-        # factor names never reach attribute names: they are mapped to tokens f0, f1, ...
-        self.tok = {f: f"f{i}" for i, f in enumerate(result.factors)}
+    rank: int
+    index: int
+    id: str
+    distance: float
+    distance_text: str
+    hit: bool
+    relevant: dict[str, bool]
+    chips: list[Chip]
+    content: Content
 
-    def _img(self, key: Any, item: Any) -> str | None:
-        if key not in self._uris:
-            im = self.thumbs.get(key, item)
-            self._uris[key] = _data_uri(im) if im is not None else None
-        return self._uris[key]
 
-    def _content(self, key: Any, item: Any, fallback: str, query: bool = False) -> str:
-        if self.r.kind == "image" and not (query and _is_text_query(item)):
-            uri = self._img(key, item)
-            if uri is None:
-                what = _short(os.fspath(item), 60) if isinstance(item, (str, os.PathLike)) else fallback
-                reason = self.thumbs.reason(key) or "missing"
-                return f'<div class="missing" data-reason="{reason}">image unavailable: {_h(what)}</div>'
-            alt = os.path.basename(os.fspath(item)) if isinstance(item, (str, os.PathLike)) else fallback
-            return f'<div class="imgbox"><img src="{uri}" alt="{_h(alt)}" title="{_h(alt)}"></div>'
-        text = fallback if item is None else str(item)
-        return f'<div class="text" title="{_h(text)}">{_h(_short(text, CARD_CHARS))}</div>'
+@dataclass
+class RowView:
+    """One geometry row of a query: its label, anchors, precisions (factor, text, primary) and neighbours."""
 
-    def _query_card(self, qi: int) -> str:
-        r = self.r
-        row = r.query_rows[qi]
-        head = "query" + (f" · #{row}" if row is not None else "")
-        body = self._content(("g", row) if row is not None else ("q", qi), r.query_items[qi], r.query_titles[qi],
-                             query=True)
-        return f'<div class="card query"><div class="head">{_h(head)}</div>{body}</div>'
+    name: str
+    label: str
+    factor: str | None
+    preview: str
+    anchors: list[str]
+    more: int
+    n_anchors: int | None
+    precision: list[tuple[str, str, bool]]
+    neighbours: list[NeighbourView]
 
-    def _neighbour_card(self, qi: int, grow: GeometryRow, rank: int) -> str:
-        r = self.r
-        g = int(r.indices[grow.name][qi, rank])
-        d = float(r.distances[grow.name][qi, rank])
-        attrs = {"data-rank": str(rank + 1), "data-index": str(g), "data-distance": f"{d:.6g}"}
-        chips = []
-        hit = False
-        for f in _chip_order(r.factors, grow, marked_only=False):
-            if not r.known[f][qi]:
-                continue
-            rel = bool(r.relevant[grow.name][f][qi, rank])
-            attrs[f"data-relevant-{self.tok[f]}"] = "1" if rel else "0"
-            if f == grow.factor and rel:
-                hit = True
-            if f in grow.mark:
-                vals = r.gallery_values[f]
-                value = _fmt_value(vals[g]) if vals is not None else f
-                cls, sym = ("yes", "✓") if rel else ("no", "✗")
-                chips.append(
-                    f'<span class="chip {cls}" data-factor="{_h(f)}" title="{_h(f)}: {_h(value)}">'
-                    f'{sym} {_h(value)}</span>'
-                )
-        cls = "card nbr hit" if hit else "card nbr"
-        mark = '<span class="hit-mark">✓ </span>' if hit else ""
-        head = f'<span>{mark}{rank + 1} · #{g}</span><span class="dist" title="distance">{_fmt_d(d)}</span>'
-        body = self._content(("g", g), r.items[g] if r.items is not None else None, f"item #{g}")
-        attr = " ".join(f'{k}="{_h(v)}"' for k, v in attrs.items())
-        chip_html = f'<div class="chips">{"".join(chips)}</div>' if chips else ""
-        return f'<div class="{cls}" {attr}><div class="head">{head}</div>{body}{chip_html}</div>'
 
-    def _row_label(self, qi: int, grow: GeometryRow) -> str:
-        r = self.r
-        parts = [f'<div class="glabel">{_h(grow.label)}</div>']
-        if grow.anchor_texts or grow.n_anchors:
-            listed = grow.anchor_texts[:MAX_LISTED_ANCHORS]
-            more = (grow.n_anchors or len(grow.anchor_texts)) - len(listed)
-            items = "".join(f"<li>{_h(t)}</li>" for t in listed)
-            if more > 0:
-                items += f"<li>… and {more} more</li>"
-            lst = f"<ol>{items}</ol>" if items else ""
-            parts.append(
-                f'<details class="anchors"><summary>{_h(_anchor_preview(grow.anchor_texts, grow.n_anchors))}'
-                f"</summary>{lst}</details>"
-            )
-        shown = [f for f in r.factors if f in grow.mark or f == grow.factor]
-        shown.sort(key=lambda f: f != grow.factor)
-        precs = []
-        for f in shown:
-            p = _fmt_p(float(r.precision_at_k(grow.name, f)[qi]))
-            cls = "p-primary" if f == grow.factor else "p"
-            precs.append(f'<span class="{cls}" data-factor="{_h(f)}" data-precision="{p}">{_h(f)} {p}</span>')
-        if precs:
-            parts.append(f'<div class="prec">P@{r.k}: ' + " · ".join(precs) + "</div>")
-        cls = "rowlabel primary" if grow.factor else "rowlabel"
-        return f'<div class="{cls}">{"".join(parts)}</div>'
+@dataclass
+class QueryView:
+    """One query: heading, text (text queries only), known factor values, its card and its rows."""
 
-    def _query_section(self, qi: int) -> str:
-        r = self.r
-        out = [f'<section class="query" data-query="{qi}" data-query-index="{int(r.query_indices[qi])}">']
-        out.append(f"<h2>{_h(r.query_titles[qi])}</h2>")
-        item = r.query_items[qi]
-        if item is not None and (r.kind == "text" or _is_text_query(item)):
-            out.append(f'<p class="qtext">{_h(item)}</p>')
-        vals = [(f, r.query_values[f][qi]) for f in r.factors if r.query_values[f][qi] is not None]
-        if vals:
-            out.append('<p class="qvalues">' + " · ".join(f"{_h(f)}: <b>{_h(_fmt_value(v))}</b>" for f, v in vals) + "</p>")
+    position: int
+    index: int
+    title: str
+    text: str | None
+    values: list[tuple[str, str]]
+    head: str
+    content: Content
+    rows: list[RowView]
+
+
+@dataclass
+class ReportView:
+    """Everything the page (``templates/report.html.j2``) and the PNG grid show, as plain data."""
+
+    title: str
+    kind: str
+    k: int
+    n_geometries: int
+    info: list[tuple[str, str]]
+    factors: list[tuple[str, str]]
+    queries: list[QueryView]
+    skipped: dict[str, int]
+
+
+def _view(r: ComparisonResult, title: str, thumbs: _Thumbs) -> ReportView:
+    """The :class:`ReportView` of a result: the one walk over it, reading each image once."""
+    token = {f: f"f{i}" for i, f in enumerate(r.factors)}
+    uris: dict[Any, str | None] = {}
+
+    def content(key: Any, item: Any, fallback: str, query: bool = False) -> Content:
+        if r.kind == "text" or (query and _is_text_query(item)):
+            return Content(fallback if item is None else str(item))
+        if key not in uris:
+            im = thumbs.get(key, item)
+            uris[key] = None if im is None else _data_uri(im)
+        path = isinstance(item, (str, os.PathLike))
+        if uris[key] is None:
+            return Content(_short(os.fspath(item), 60) if path else fallback, reason=thumbs.reason(key) or "missing")
+        return Content(os.path.basename(os.fspath(item)) if path else fallback, src=uris[key])
+
+    queries = []
+    for qi in range(r.n_queries):
+        own, item = r.query_rows[qi], r.query_items[qi]
+        card = content(("g", own) if own is not None else ("q", qi), item, r.query_titles[qi], query=True)
+        rows = []
         for grow in r.rows:
-            cards = [self._row_label(qi, grow), self._query_card(qi)]
-            cards += [self._neighbour_card(qi, grow, j) for j in range(r.k)]
-            out.append(
-                f'<div class="row" data-geometry="{_h(grow.name)}" data-factor="{_h(grow.factor or "")}" '
-                f'style="--cols: {r.k + 1}">' + "".join(cards) + "</div>"
-            )
-        out.append("</section>")
-        return "\n".join(out)
+            order = sorted(r.factors, key=lambda f: f != grow.factor)  # the primary factor first
+            known = [f for f in order if r.known[f][qi]]
+            neighbours = []
+            for rank in range(r.k):
+                g, d = int(r.indices[grow.name][qi, rank]), float(r.distances[grow.name][qi, rank])
+                rel = {f: bool(r.relevant[grow.name][f][qi, rank]) for f in known}
+                vals = r.gallery_values
+                chips = [Chip(f, _fmt_value(vals[f][g]) if vals[f] is not None else f, rel[f])
+                         for f in known if f in grow.mark]
+                shown_id = str(r.item_id(g))
+                neighbours.append(NeighbourView(
+                    rank + 1, g, shown_id, d, _fmt_d(d), rel.get(grow.factor, False),
+                    {token[f]: v for f, v in rel.items()},
+                    chips, content(("g", g), r.items[g] if r.items is not None else None, f"item #{shown_id}")))
+            listed = grow.anchor_texts[:MAX_LISTED_ANCHORS]
+            precision = [(f, _fmt_p(float(r.precision_at_k(grow.name, f)[qi])), f == grow.factor)
+                         for f in order if f in grow.mark or f == grow.factor]
+            rows.append(RowView(grow.name, grow.label, grow.factor, _anchor_preview(grow.anchor_texts, grow.n_anchors),
+                                listed, (grow.n_anchors or len(grow.anchor_texts)) - len(listed), grow.n_anchors,
+                                precision, neighbours))
+        text = str(item) if item is not None and (r.kind == "text" or _is_text_query(item)) else None
+        values = [(f, _fmt_value(r.query_values[f][qi])) for f in r.factors if r.query_values[f][qi] is not None]
+        head = "query" + (f" · #{r.item_id(own)}" if own is not None else "")
+        queries.append(QueryView(qi, int(r.query_indices[qi]), r.query_titles[qi], text, values, head, card, rows))
+    return ReportView(title, r.kind, r.k, len(r.rows), [(str(k), str(v)) for k, v in r.info.items()],
+                      [(t, f) for f, t in token.items()], queries, thumbs.skipped())
 
-    def render(self) -> str:
-        r = self.r
-        meta = [f"{r.n_queries} quer{'y' if r.n_queries == 1 else 'ies'}", f"{len(r.rows)} geometries",
-                f"top {r.k} neighbours", f"{r.kind} items"]
-        info = " · ".join(f"{_h(k)}: {_h(v)}" for k, v in r.info.items())
-        factors = ", ".join(f'<span class="factor" data-token="{t}" data-factor="{_h(f)}">{_h(f)}</span>'
-                            for f, t in self.tok.items())
-        legend = (
-            '<p class="legend"><span class="swatch"></span>green border: the neighbour shares the query\'s '
-            "value of the row's factor (in green on the left). Chips: ✓ same value as the query, "
-            "✗ different, per factor. P@k: fraction of the k neighbours sharing the query's value. "
-            + ("Hover a card for the full text; " if r.kind == "text" else "Hover an image for its file name; ")
-            + "open the anchor list under a row label.</p>"
-            if r.factors else ""
-        )
-        body = "\n".join(self._query_section(qi) for qi in range(r.n_queries))
-        skipped = ", ".join(f'<span data-reason="{k}" data-count="{v}">{v} {k.replace("_", " ")}</span>'
-                            for k, v in self.thumbs.skipped().items())
-        head = (
-            "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{_h(self.title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-            f"<h1>{_h(self.title)}</h1>\n<p class=\"meta\">{_h(' · '.join(meta))}</p>\n"
-            + (f'<p class="meta">{info}</p>\n' if info else "")
-            + (f'<p class="meta factors">factors: {factors}</p>\n' if factors else "")
-            + (f'<p class="meta skipped">images skipped: {skipped}</p>\n' if skipped else "")
-            + legend + "\n"
-        )
-        return head + body + "\n</body>\n</html>\n"
+
+def _render_html(view: ReportView) -> str:
+    """The page: ``templates/report.html.j2`` rendered with autoescaping on."""
+    jinja2 = require("jinja2", "jinja2", "write_report")
+    env = jinja2.Environment(loader=jinja2.PackageLoader("anchordiv", "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    return env.get_template("report.html.j2").render(vars(view))
 
 
 # ---------------------------------------------------------------------------
 # PNG
 
 
-def _draw_grid(result: ComparisonResult, path: Path, title: str, thumbs: _Thumbs, dpi: float) -> None:
-    """Draw the comparison grid with matplotlib (Agg, no pyplot state) into ``path``.
+def _draw_grid(view: ReportView, path: Path, dpi: float) -> None:
+    """Draw the comparison grid of ``view`` with matplotlib (Agg, no pyplot state) into ``path``.
 
     Every text is drawn with ``parse_math=False``: user strings with ``$`` stay literal.
+    Thumbnails are decoded from the same data URIs the page embeds.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyBboxPatch
+    from PIL import Image
 
-    r = result
+    k = view.k
     label_w, card_w, gap = 2.3, 1.5, 0.06
-    card_h = 1.45 if r.kind == "image" else 1.2
-    chip_h = 0.16 if any(g.mark for g in r.rows) and r.factors else 0.0
+    card_h = 1.45 if view.kind == "image" else 1.2
+    chip_h = 0.16 if any(n.chips for q in view.queries for row in q.rows for n in row.neighbours) else 0.0
     head_h, title_h = 0.55, 0.5
-    n_cols = r.k + 1
-    width = label_w + n_cols * (card_w + gap) + 0.2
-    height = title_h + r.n_queries * (head_h + len(r.rows) * (card_h + gap)) + 0.2
+    width = label_w + (k + 1) * (card_w + gap) + 0.2
+    height = title_h + len(view.queries) * (head_h + view.n_geometries * (card_h + gap)) + 0.2
     dpi = min(dpi, 12000 / max(width, height))
     fig = Figure(figsize=(width, height), dpi=dpi)
     FigureCanvasAgg(fig)
@@ -991,95 +955,78 @@ def _draw_grid(result: ComparisonResult, path: Path, title: str, thumbs: _Thumbs
     fs = 6.8
     chars = max(12, int(card_w * 72 / (fs * 0.55)) - 3)
     max_lines = int((card_h - 0.22 - chip_h) / (fs * 1.25 / 72))
-    arrays: dict[Any, Any] = {}
+    arrays: dict[str, np.ndarray] = {}
 
     def box(x, y, w, h, edge, face, lw):
         ax.add_patch(FancyBboxPatch((x + 0.02, y + 0.02), w - 0.04, h - 0.04, boxstyle="round,pad=0,rounding_size=0.05",
                                     linewidth=lw, edgecolor=edge, facecolor=face))
 
-    def content(x, y, key, item, fallback, query=False):
+    def content(x, y, c: Content):
         top = y + 0.2
         avail = card_h - 0.24 - chip_h
-        if r.kind == "image" and not (query and _is_text_query(item)):
-            if key not in arrays:
-                im = thumbs.get(key, item)
-                arrays[key] = None if im is None else np.asarray(im)
-            arr = arrays[key]
-            if arr is None:
-                draw_text(x + card_w / 2, top + avail / 2, "image\nunavailable", ha="center", va="center",
-                          fontsize=6.5, color="#cf222e")
-                return
+        if c.src is not None:
+            if c.src not in arrays:
+                with Image.open(io.BytesIO(base64.b64decode(c.src.split(",", 1)[1]))) as im:
+                    arrays[c.src] = np.asarray(im.convert("RGB"))
+            arr = arrays[c.src]
             h_px, w_px = arr.shape[:2]
             scale = min((card_w - 0.12) / w_px, avail / h_px)
             w_in, h_in = w_px * scale, h_px * scale
             x0, y0 = x + (card_w - w_in) / 2, top + (avail - h_in) / 2
             ax.imshow(arr, extent=(x0, x0 + w_in, y0 + h_in, y0), aspect="auto", interpolation="antialiased",
                       zorder=3)
-            return
-        text = fallback if item is None else " ".join(str(item).split())
-        lines = textwrap.wrap(text, chars, break_long_words=True) or [""]
-        if len(lines) > max_lines:
-            lines = lines[:max_lines]
-            lines[-1] = _short(lines[-1], chars - 1).rstrip("…") + "…"
-        draw_text(x + 0.07, top, "\n".join(lines), ha="left", va="top", fontsize=fs, linespacing=1.25,
-                  color="#1f2328", zorder=3)
+        elif c.is_image:
+            draw_text(x + card_w / 2, top + avail / 2, "image\nunavailable", ha="center", va="center",
+                      fontsize=6.5, color="#cf222e")
+        else:
+            lines = textwrap.wrap(" ".join(c.text.split()), chars, break_long_words=True) or [""]
+            if len(lines) > max_lines:
+                lines = lines[:max_lines]
+                lines[-1] = _short(lines[-1], chars - 1).rstrip("…") + "…"
+            draw_text(x + 0.07, top, "\n".join(lines), ha="left", va="top", fontsize=fs, linespacing=1.25,
+                      color="#1f2328", zorder=3)
 
-    draw_text(0.12, 0.3, title, fontsize=13, fontweight="bold", va="center")
+    draw_text(0.12, 0.3, view.title, fontsize=13, fontweight="bold", va="center")
     y = title_h
-    for qi in range(r.n_queries):
-        qtext = r.query_titles[qi]
-        item = r.query_items[qi]
-        if item is not None and (r.kind == "text" or _is_text_query(item)):
-            qtext += ": " + _short(item, 160)
+    for q in view.queries:
+        qtext = q.title + (": " + _short(q.text, 160) if q.text is not None else "")
         draw_text(0.12, y + 0.2, qtext, fontsize=9, fontweight="bold", va="center")
-        vals = [f"{f}: {_fmt_value(r.query_values[f][qi])}" for f in r.factors if r.query_values[f][qi] is not None]
-        if vals:
-            draw_text(0.12, y + 0.42, " · ".join(vals), fontsize=7, color="#57606a", va="center")
+        if q.values:
+            draw_text(0.12, y + 0.42, " · ".join(f"{f}: {v}" for f, v in q.values), fontsize=7, color="#57606a",
+                      va="center")
         y += head_h
-        for grow in r.rows:
-            box(0.06, y, label_w - 0.06, card_h, "#8c959f" if not grow.factor else "#1a7f37", "#f6f8fa", 0.8)
-            lab = textwrap.wrap(grow.label, int(label_w * 72 / (7.5 * 0.55)) - 3)[:2]
+        for row in q.rows:
+            box(0.06, y, label_w - 0.06, card_h, "#1a7f37" if row.factor else "#8c959f", "#f6f8fa", 0.8)
+            lab = textwrap.wrap(row.label, int(label_w * 72 / (7.5 * 0.55)) - 3)[:2]
             draw_text(0.16, y + 0.12, "\n".join(lab), fontsize=7.5, fontweight="bold", va="top")
-            lines = []
-            prev = _anchor_preview(grow.anchor_texts, grow.n_anchors, width=70)
-            if prev:
-                lines += textwrap.wrap(prev, int(label_w * 72 / (6 * 0.55)) - 4)[:3]
+            prev = _anchor_preview(row.anchors, row.n_anchors, width=70)
+            lines = textwrap.wrap(prev, int(label_w * 72 / (6 * 0.55)) - 4)[:3] if prev else []
             draw_text(0.16, y + 0.16 + 0.14 * len(lab), "\n".join(lines), fontsize=6, color="#57606a", va="top")
-            shown = sorted([f for f in r.factors if f in grow.mark or f == grow.factor], key=lambda f: f != grow.factor)
-            for j, f in enumerate(shown[:4]):
-                p = _fmt_p(float(r.precision_at_k(grow.name, f)[qi]))
-                primary = f == grow.factor
-                draw_text(0.16, y + card_h - 0.12 - 0.13 * (len(shown[:4]) - 1 - j), f"P@{r.k} {f}: {p}",
+            shown = row.precision[:4]
+            for j, (f, p, primary) in enumerate(shown):
+                draw_text(0.16, y + card_h - 0.12 - 0.13 * (len(shown) - 1 - j), f"P@{k} {f}: {p}",
                           fontsize=6.3, va="bottom", color="#1a7f37" if primary else "#57606a",
                           fontweight="bold" if primary else "normal")
             x = label_w + gap
-            row = r.query_rows[qi]
             box(x, y, card_w, card_h, "#0969da", "#f0f6ff", 1.2)
-            draw_text(x + 0.07, y + 0.1, "query" + (f" · #{row}" if row is not None else ""), fontsize=5.8,
-                      color="#57606a", va="center")
-            content(x, y, ("g", row) if row is not None else ("q", qi), item, r.query_titles[qi], query=True)
-            for rank in range(r.k):
-                x = label_w + gap + (rank + 1) * (card_w + gap)
-                g = int(r.indices[grow.name][qi, rank])
-                hit = bool(grow.factor and r.known[grow.factor][qi] and r.relevant[grow.name][grow.factor][qi, rank])
-                box(x, y, card_w, card_h, "#1a7f37" if hit else "#d0d7de", "#f3fbf4" if hit else "white",
-                    2.4 if hit else 0.8)
-                d = float(r.distances[grow.name][qi, rank])
-                draw_text(x + 0.07, y + 0.1, f"{'✓ ' if hit else ''}{rank + 1} · #{g} · d={_fmt_d(d)}", fontsize=5.8,
-                          color="#1a7f37" if hit else "#57606a", va="center", fontweight="bold" if hit else "normal")
-                content(x, y, ("g", g), r.items[g] if r.items is not None else None, f"item #{g}")
+            draw_text(x + 0.07, y + 0.1, q.head, fontsize=5.8, color="#57606a", va="center")
+            content(x, y, q.content)
+            for n in row.neighbours:
+                x = label_w + gap + n.rank * (card_w + gap)
+                box(x, y, card_w, card_h, "#1a7f37" if n.hit else "#d0d7de", "#f3fbf4" if n.hit else "white",
+                    2.4 if n.hit else 0.8)
+                draw_text(x + 0.07, y + 0.1, f"{'✓ ' if n.hit else ''}{n.rank} · #{n.id} · d={n.distance_text}",
+                          fontsize=5.8, color="#1a7f37" if n.hit else "#57606a", va="center",
+                          fontweight="bold" if n.hit else "normal")
+                content(x, y, n.content)
                 cx = x + 0.07
-                for f in _chip_order(r.factors, grow):
-                    if not r.known[f][qi]:
-                        continue
-                    rel = bool(r.relevant[grow.name][f][qi, rank])
-                    vals = r.gallery_values[f]
-                    value = _short(_fmt_value(vals[g]) if vals is not None else f, 12)
+                for chip in n.chips:
+                    value = _short(chip.value, 12)
                     w = (len(value) + 2.2) * 5.3 * 0.58 / 72
                     if cx + w > x + card_w - 0.03:
                         break
-                    draw_text(cx, y + card_h - 0.1, f"{'✓' if rel else '✗'} {value}", fontsize=5.3, va="center",
-                              color="#116329" if rel else "#8c959f", zorder=4)
+                    draw_text(cx, y + card_h - 0.1, f"{'✓' if chip.same else '✗'} {value}", fontsize=5.3,
+                              va="center", color="#116329" if chip.same else "#8c959f", zorder=4)
                     cx += w + 0.05
             y += card_h + gap
     fig.savefig(path, dpi=dpi, facecolor="white")
@@ -1122,14 +1069,13 @@ def write_report(result: ComparisonResult, out_dir: str | os.PathLike, *, title:
     """
     if not isinstance(result, ComparisonResult):
         raise ValueError(f"result must be a ComparisonResult from compare(), got {type(result).__name__}.")
-    thumbs = _Thumbs(_as_int(thumbnail_px, "thumbnail_px"))
-    title = str(title)
+    view = _view(result, str(title), _Thumbs(positive_int(thumbnail_px, "thumbnail_px")))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     html_path = out / "index.html"
-    html_path.write_text(_Html(result, title, thumbs).render(), encoding="utf-8")
+    html_path.write_text(_render_html(view), encoding="utf-8")
     png_path = None
     if png:
         png_path = out / "grid.png"
-        _draw_grid(result, png_path, title, thumbs, float(dpi))
-    return ReportPaths(html=html_path, png=png_path, skipped=thumbs.skipped())
+        _draw_grid(view, png_path, float(dpi))
+    return ReportPaths(html=html_path, png=png_path, skipped=view.skipped)

@@ -7,14 +7,15 @@ has an image tower, ``_encode_image_batch``) on one batch; this module turns tho
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+
+from .. import _util
+from .._util import MissingDependencyError, positive_int  # noqa: F401  (the encoders raise the error)
 
 #: Default number of items per forward pass.
 DEFAULT_BATCH_SIZE = 64
@@ -24,66 +25,16 @@ DEFAULT_BATCH_SIZE = 64
 PROGRESS_MIN_BATCHES = 4
 
 
-class MissingDependencyError(ImportError, RuntimeError):
-    """An optional package that an encoder backend needs cannot be imported.
-
-    It is both an ``ImportError`` and a ``RuntimeError``; the message names the
-    ``pip install`` command that provides the package.
-    """
-
-
-def _is_installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module.split(".")[0]) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def require(module: str, pip_name: str, needed_by: str, hint: str | None = None) -> Any:
-    """Import an optional dependency of a backend or raise a :class:`MissingDependencyError`.
-
-    Parameters
-    ----------
-    module : str
-        Module to import, e.g. ``"open_clip"``.
-    pip_name : str
-        What to ``pip install`` to provide it, e.g. ``"open_clip_torch"``.
-    needed_by : str
-        What needs it, for the message, e.g. ``"encoder spec 'minilm'"``.
-    hint : str, optional
-        Advice appended to the message when the module is installed but fails to import;
-        by default, how to check for a torchvision that does not match torch.
-
-    Returns
-    -------
-    module
-        The imported module.
-
-    Raises
-    ------
-    MissingDependencyError
-        If the import fails for any reason. The message says whether the package is
-        missing (with the ``pip install`` command) or present but failing to import
-        (with the error). The original exception is chained.
-    """
-    try:
-        return importlib.import_module(module)
-    except Exception as exc:
-        if not _is_installed(module):
-            raise MissingDependencyError(
-                f"{needed_by} needs the optional package {module!r}, which is not "
-                f"installed. Install it with: pip install {pip_name}"
-            ) from exc
-        if hint is None:
-            hint = (
-                "A common cause is a torchvision build that does not match torch "
-                f"{torch.__version__}: if `python -c 'import torchvision'` fails, install a "
-                "torchvision made for this torch or uninstall torchvision."
-            )
-        raise MissingDependencyError(
-            f"{needed_by} needs the package {module!r}, which is installed but failed to "
-            f"import: {type(exc).__name__}: {str(exc).rstrip('.')}. {hint}".rstrip()
-        ) from exc
+    """:func:`anchordiv._util.require` for a backend: by default the hint of a failing
+    import is how to check for a torchvision that does not match torch."""
+    if hint is None:
+        hint = (
+            "A common cause is a torchvision build that does not match torch "
+            f"{torch.__version__}: if `python -c 'import torchvision'` fails, install a "
+            "torchvision made for this torch or uninstall torchvision."
+        )
+    return _util.require(module, pip_name, needed_by, hint)
 
 
 def resolve_device(device: Any) -> torch.device:
@@ -123,9 +74,7 @@ def resolve_device(device: Any) -> torch.device:
 
 def check_batch_size(batch_size: Any, name: str = "batch_size") -> int:
     """Validate a positive integer batch size and return it as ``int``."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"{name} must be a positive integer, got {batch_size!r}.")
-    return int(batch_size)
+    return positive_int(batch_size, name)
 
 
 def check_tau(tau: Any, name: str = "tau") -> float:
@@ -213,7 +162,8 @@ def _check_images(images: Any) -> list[Any]:
     return items
 
 
-def _open_rgb(item: Any) -> Any:
+def open_rgb(item: Any) -> Any:
+    """``item`` (a file path or a PIL image) as an RGB PIL image, the way the encoders load images."""
     from PIL import Image
 
     if isinstance(item, Image.Image):
@@ -351,7 +301,7 @@ class Encoder:
         items = _check_images(images)
 
         def batch_fn(batch: list[Any]) -> Any:
-            return self._encode_image_batch([_open_rgb(x) for x in batch])
+            return self._encode_image_batch([open_rgb(x) for x in batch])
 
         return self._run(items, batch_fn, batch_size, progress, "image")
 

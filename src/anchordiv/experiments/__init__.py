@@ -19,28 +19,35 @@ Python::
     data = ex.EvalData.create(X, {"breed": breeds, "place": places}, tau=0.05)
     res = ex.coordinate(data, ad.AnchorSet(E_breeds), ad.AnchorSet(E_places), "breed", "place",
                         models=["softmax", "gaussian"], out_dir="results/coordinate", seed=0)
-    res.frame("summary")
+    res.summary            # a pandas DataFrame: model, p, factor, role, auprc, ci_low, ci_high, ...
+    res.observations       # one row per query, condition and draw: ..., draw, query, ap
 
-Command line: ``anchordiv eval PROTOCOL COLLECTION --anchors ... --factor ... --out DIR``
-(:func:`anchordiv.experiments.cli.eval_command`), also runnable as
-``python -m anchordiv.experiments PROTOCOL ...``.
+Modules: :mod:`~anchordiv.experiments.core` (data, geometries, per-query scores),
+:mod:`~anchordiv.experiments.protocols` (the six protocols),
+:mod:`~anchordiv.experiments.report` (tidy frames → summaries, effects, files),
+:mod:`~anchordiv.experiments.timing` (the runtime worker),
+:mod:`~anchordiv.experiments.cli` (``anchordiv eval PROTOCOL``, also
+``python -m anchordiv.experiments PROTOCOL ...``). The protocols and the report need
+pandas; the core does not.
 """
 
-from .core import (
-    ANCHOR_MODELS,
-    BASELINES,
-    PARAMETRIC,
-    POSTERIOR_MODELS,
-    EvalData,
-    ProtocolResult,
-    build_geometry,
-    score,
-    summarize,
-)
-from .protocols import PROTOCOLS, adaptation, budget, components, coordinate, run_protocol, runtime, table
+from .core import ANCHOR_MODELS, BASELINES, PARAMETRIC, POSTERIOR_MODELS, EvalData, build_geometry, score
+
+_LAZY = {"ProtocolResult": "report", "summarize": "report", "PROTOCOLS": "protocols", "run_protocol": "protocols",
+         "coordinate": "protocols", "budget": "protocols", "adaptation": "protocols", "components": "protocols",
+         "table": "protocols", "runtime": "protocols"}
 
 __all__ = [
     "EvalData", "ProtocolResult", "PROTOCOLS", "run_protocol", "coordinate", "budget", "adaptation",
     "components", "table", "runtime", "score", "summarize", "build_geometry", "ANCHOR_MODELS", "BASELINES",
     "PARAMETRIC", "POSTERIOR_MODELS",
 ]
+
+
+def __getattr__(name: str):
+    """The protocols and the report on first use (they import pandas)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

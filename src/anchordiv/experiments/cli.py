@@ -1,329 +1,387 @@
 """``anchordiv eval PROTOCOL``: the experiment protocols on the command line.
 
-:func:`eval_command` builds the click command; register it on the ``anchordiv`` group
-with ``cli.add_command(eval_command())``. It also runs on its own as
+:func:`eval_command` builds the click group, one subcommand per protocol of
+:mod:`anchordiv.experiments.protocols`, each with only its own options; the main CLI
+registers it with ``cli.add_command(eval_command())``. It also runs on its own as
 ``python -m anchordiv.experiments PROTOCOL ...``.
+
+The model options mean what they mean in ``anchordiv index build``: ``--components M``
+is the number of GMM components (the ``components`` protocol sweeps a list
+``M,M,...``), ``--rank`` the latent rank, and ``--param KEY=VALUE`` any further
+parameter, given to every model of the run whose constructor takes ``KEY``
+(``--param MODEL.KEY=VALUE`` gives it to that model only).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from .protocols import PROTOCOLS
+import click
 
-EXAMPLES = """\b
-Examples:
-  anchordiv eval coordinate coll/ --anchors anchors.yaml:breeds --anchors anchors.yaml:places \\
-      --factor breed --factor place --model softmax,gaussian --out results/coordinate
-  anchordiv eval budget coll/ --anchors anchors.yaml:breeds --factor breed --budgets 2,4,8,18 \\
-      --out results/budget
-  anchordiv eval adaptation coll/ --broad anchors.yaml --anchors anchors.yaml:breeds --factor breed \\
-      --model gaussian,gmm,latent_spherical --rank 16 --out results/adaptation
-  anchordiv eval components coll/ --anchors anchors.yaml:breeds --factor breed \\
-      --anchors anchors.yaml:places --factor place --components 1,2,4,8 --out results/components
-  anchordiv eval table coll/ --anchors anchors.yaml:breeds --factor breed --per-value --out results/table
-  anchordiv eval runtime --n-anchors 256,1024,4096 --out results/runtime
-"""
+from ..models import default_tau, model_names, registry
+from . import protocols as P
+from .core import ALL_MODELS, ANCHOR_MODELS, BASELINES, POSTERIOR_MODELS
+
+_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def _ints(text: str | None, option: str) -> list[int] | None:
-    if text is None:
-        return None
-    import click
+class _List(click.ParamType):
+    """A comma-separated list of ints or floats."""
 
-    try:
-        out = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of integers", param_hint=option) from None
-    if not out:
-        raise click.BadParameter("give at least one value", param_hint=option)
-    return out
+    def __init__(self, cast: type):
+        self.cast, self.name = cast, f"{cast.__name__},..."
 
-
-def _floats(text: str | None, option: str) -> list[float] | None:
-    if text is None:
-        return None
-    import click
-
-    try:
-        out = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of numbers", param_hint=option) from None
-    if not out:
-        raise click.BadParameter("give at least one value", param_hint=option)
-    return out
-
-
-def _models(values: Sequence[str]) -> list[str] | None:
-    out: list[str] = []
-    for v in values:
-        out += [m.strip() for m in v.split(",") if m.strip()]
-    return out or None
-
-
-def _value(text: str) -> Any:
-    for cast in (int, float):
+    def convert(self, value: Any, param: Any, ctx: Any) -> list:
+        if isinstance(value, list):
+            return value
         try:
-            return cast(text)
+            out = [self.cast(t) for t in str(value).split(",") if t.strip()]
         except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+            self.fail(f"{value!r} is not a comma-separated list of {self.cast.__name__}s", param, ctx)
+        return out or self.fail("give at least one value", param, ctx)
 
 
-def _model_params(params: Sequence[str], gmm_components: int | None, rank: str | None) -> dict:
-    import click
+def _default(protocol: Callable, name: str) -> list[str]:
+    """The protocol's default for argument ``name`` (a list of model names)."""
+    return list(inspect.signature(protocol).parameters[name].default)
+
+
+def _model_params(models: Sequence[str], components: int | None, rank: str | None,
+                  params: Sequence[str]) -> dict[str, dict]:
+    """``{model: {param: value}}`` from ``--components``, ``--rank`` and ``--param`` for the fitted ``models``."""
+    from ..cli import _parse_params, _parse_rank
 
     out: dict[str, dict] = {}
-    if gmm_components is not None:
-        out.setdefault("gmm", {})["n_components"] = int(gmm_components)
+    if components is not None:
+        if "gmm" not in models:
+            raise click.UsageError("--components sets the components of gmm, which this run does not fit")
+        out["gmm"] = {"n_components": components}
     if rank is not None:
-        r = _value(rank)
-        if isinstance(r, bool) or not isinstance(r, (int, float)):
-            raise click.BadParameter(f"{rank!r} is not an int k or a variance fraction", param_hint="--rank")
-        for m in ("latent_gaussian", "latent_spherical"):
-            out.setdefault(m, {})["rank"] = r
-    for p in params:
-        key, sep, val = p.partition("=")
-        model, dot, name = key.partition(".")
-        if not sep or not dot or not model or not name:
-            raise click.BadParameter(f"{p!r} is not MODEL.PARAM=VALUE (e.g. gmm.reg_covar=1e-4)", param_hint="--param")
-        out.setdefault(model.strip(), {})[name.strip()] = _value(val.strip())
+        if not any(m.startswith("latent_") for m in models):
+            raise click.UsageError("--rank applies to latent_gaussian and latent_spherical, which this run does "
+                                   "not fit")
+        out.update({m: {"rank": _parse_rank(rank)} for m in ("latent_gaussian", "latent_spherical")})
+
+    def takes(model: str, key: str) -> bool:
+        return key in inspect.signature(registry()[model].__init__).parameters
+
+    for key, value in sorted(_parse_params(params).items(), key=lambda kv: "." in kv[0]):  # MODEL.KEY last
+        model, _, name = key.rpartition(".")
+        if model and (model not in models or not takes(model, name)):
+            raise click.BadParameter(f"{key}: {model} is not fitted in this run or takes no {name!r}",
+                                     param_hint="--param")
+        takers = [model] if model else [m for m in models if takes(m, name)]
+        if not takers:
+            raise click.BadParameter(f"no model of this run ({', '.join(models)}) takes {name!r}", param_hint="--param")
+        for m in takers:
+            out.setdefault(m, {})[name] = value
     return out
 
 
-def _set_name(spec: str) -> str:
-    """Display name of an anchors spec: the selection, else the file stem."""
-    from ..anchorsfile import parse_anchor_spec
+class _Inputs:
+    """The collection, its anchors and the shared options of one ``eval`` command."""
 
-    if spec.endswith(".npy") and os.path.isfile(spec):
-        return Path(spec).stem
-    path, selection = parse_anchor_spec(spec)
-    if not selection:
-        return path.stem
-    return ",".join(n if p is None else f"{n}:{p:g}" for n, p in selection)
+    def __init__(self, opts: dict):
+        from ..io import load_collection
+        from .core import EvalData
 
+        _threads(opts["threads"])
+        self.opts = opts
+        self.collection = load_collection(opts["collection"])
+        self.data = EvalData.from_collection(self.collection, factors=sorted(set(opts["factors"])),
+                                             split_column=opts["split_column"], name=Path(opts["collection"]).name)
+        if opts["max_queries"] is not None:
+            self.data = self.data.subsample_queries(opts["max_queries"], seed=opts["seed"])
+        self.encoder_spec = opts["encoder"] or getattr(self.collection, "encoder", None)
+        self._encoder = None
 
-class _Encoder:
-    """Loads the encoder on first use."""
-
-    def __init__(self, spec: str | None, device: str | None):
-        self.spec, self.device, self._enc = spec, device, None
-
-    def get(self) -> Any:
-        import click
-
-        if self.spec is None:
+    def encoder(self) -> Any:
+        """The encoder of text anchors, loaded on first use."""
+        if self.encoder_spec is None:
             raise click.UsageError("text anchors need an encoder: pass --encoder SPEC (the collection records none)")
-        if self._enc is None:
+        if self._encoder is None:
             from ..encoders import load
 
-            self._enc = load(self.spec, device=self.device)
-        return self._enc
+            self._encoder = load(self.encoder_spec, device=self.opts["device"])
+        return self._encoder
+
+    def anchors(self, spec: str) -> tuple[str, Any]:
+        """(display name, AnchorSet) of a ``.npy`` array of embeddings or an anchors-file spec."""
+        from ..anchors import AnchorSet
+        from ..anchorsfile import parse_anchor_spec, resolve_anchor_spec
+
+        if spec.endswith(".npy") and os.path.isfile(spec):
+            import numpy as np
+
+            return Path(spec).stem, AnchorSet(np.load(spec))
+        path, selection = parse_anchor_spec(spec)
+        name = path.stem if not selection else ",".join(n if p is None else f"{n}:{p:g}" for n, p in selection)
+        return name, resolve_anchor_spec(spec, self.encoder(), arg="--anchors").anchors
+
+    def sets(self, low: int, high: int | None) -> list[tuple[str, Any, str]]:
+        """``[(name, AnchorSet, factor)]`` of ``--anchors`` and ``--factor``, which pair up in order."""
+        specs, factors = self.opts["anchor_specs"], self.opts["factors"]
+        n = len(specs)
+        if n < low or (high is not None and n > high):
+            want = f"exactly {low}" if low == high else f"at least {low}"
+            raise click.UsageError(f"{click.get_current_context().info_name} takes {want} --anchors, got {n}.")
+        if len(factors) != n:
+            raise click.UsageError(f"give one --factor per --anchors ({n}), got {len(factors)}.")
+        return [(*self.anchors(s), f) for s, f in zip(specs, factors)]
+
+    def run(self, protocol: Callable, *args: Any, **kwargs: Any) -> None:
+        """Run ``protocol`` on the collection; ``kwargs`` that are None keep the protocol's defaults.
+
+        The temperature and the model options apply to the geometries the run fits: the
+        given or default ``models``, ``baselines`` and ``references`` (and gmm for ``components``).
+        """
+        o, sig = self.opts, inspect.signature(protocol).parameters
+        fitted = ["gmm"] * (protocol is P.components) + [m for key in ("models", "baselines", "references")
+                                                          if key in sig for m in kwargs.get(key) or sig[key].default]
+        components = o.get("components")
+        if o.get("gmm_components") is not None:
+            if components not in (None, o["gmm_components"]):
+                raise click.UsageError("give --components only (--gmm-components is its deprecated alias)")
+            components = o["gmm_components"]
+        try:
+            tau = default_tau(fitted, o["tau"], self.data.tau,
+                              lambda: self.encoder().tau if self.encoder_spec else None)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        kwargs["model_params"] = _model_params(fitted, components, o["rank"], o["params"]) or None
+        _echo(protocol(self.data, *args, tau=tau, seed=o["seed"], n_boot=o["n_boot"], out_dir=o["out_dir"],
+                       progress=o["progress"], **{k: v for k, v in kwargs.items() if v is not None}))
 
 
-def _load_anchors(spec: str, encoder: _Encoder) -> Any:
-    """An AnchorSet from a ``.npy`` array of embeddings or an anchors-file spec."""
-    from ..anchors import AnchorSet
+def _threads(threads: int | None) -> None:
+    if threads is not None:
+        import torch
 
-    if spec.endswith(".npy") and os.path.isfile(spec):
-        import numpy as np
-
-        return AnchorSet(np.load(spec))
-    from ..anchorsfile import resolve_anchor_spec
-
-    return resolve_anchor_spec(spec, encoder.get(), arg="--anchors").anchors
+        torch.set_num_threads(threads)
 
 
-def eval_command() -> Any:
-    """Build the ``eval`` click command (``anchordiv eval PROTOCOL [COLLECTION] ...``).
+def _echo(res: Any) -> None:
+    for v in res.config.get("verdicts", []):
+        click.echo(v)
+    click.echo(f"{res.protocol}: {res.seconds:.1f} s; wrote " + ", ".join(str(p) for p in res.paths.values()))
 
-    Returns
-    -------
-    click.Command
-        Register it with ``cli.add_command(eval_command())``.
 
-    Notes
-    -----
+# ------------------------------------------------------------------------ options
+def _options(*options: Callable) -> Callable:
+    """One decorator applying click ``options`` in the order given."""
+    def decorate(f: Callable) -> Callable:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def _warn_alias(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    if value is not None:
+        warnings.warn("--gmm-components is deprecated; use --components (the number of gmm components)",
+                      FutureWarning)
+    return value
+
+
+_RUN = _options(
+    click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder."),
+    click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."),
+    click.option("--threads", type=click.IntRange(min=1), default=None,
+                 help="Torch threads (1 avoids slow small LAPACK calls on a busy machine)."))
+
+
+def _common(sweep_components: bool = False) -> Callable:
+    """The model options, the data options and :data:`_RUN`."""
+    components = [click.option("--components", "n_components", type=_List(int),
+                               help="Numbers of gmm components to sweep (default 1,2,4,8).")] if sweep_components else [
+        click.option("--components", type=click.IntRange(min=1), metavar="M",
+                     help="Number of gmm components (default 4)."),
+        click.option("--gmm-components", type=click.IntRange(min=1), hidden=True, callback=_warn_alias)]
+    return _options(
+        *components,
+        click.option("--rank", metavar="K|FRACTION",
+                     help="Latent models: subspace dimension k, or a variance fraction in (0, 1]."),
+        click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+                     help="Further model parameter for every model of the run that takes KEY, or "
+                          "MODEL.KEY=VALUE for one model, e.g. reg_covar=1e-4 (repeatable)."),
+        click.option("--tau", type=click.FloatRange(min=0, min_open=True),
+                     help="Temperature (default: the collection's, else the encoder's)."),
+        click.option("--encoder", metavar="SPEC", help="Encoder of text anchors (default: the collection's)."),
+        click.option("--device", help="Torch device of the encoder."),
+        click.option("--split-column", metavar="COLUMN",
+                     help="Column with 'query'/'key'/'both' per row (default: every row is both; self excluded)."),
+        click.option("--max-queries", type=click.IntRange(min=1), help="Subsample the queries (seeded)."),
+        click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of every draw."),
+        click.option("--n-boot", type=click.IntRange(min=1), default=1000, show_default=True,
+                     help="Bootstrap replicates of the intervals."),
+        _RUN)
+
+
+def _command(name: str, short_help: str, example: str, anchors: str | None) -> Callable:
+    """A protocol's click command with its one-line help, an example, COLLECTION and ``--anchors``/``--factor``."""
+    command = click.command(name, context_settings=_CONTEXT, short_help=short_help, epilog="\b\nExample:\n  " + example)
+    if anchors is None:
+        return command
+    return _options(command, click.argument("collection", type=click.Path(exists=True)),
+                    click.option("--anchors", "anchor_specs", multiple=True, metavar="SPEC",
+                                 help=f"Anchors: PATH[:NAME[:P],...] of an anchors file, or a .npy of embeddings; "
+                                      f"{anchors}."),
+                    click.option("--factor", "factors", multiple=True, metavar="COLUMN",
+                                 help="Label column described by each --anchors, in the same order."))
+
+
+def _geometries(option: str, allowed: Sequence[str], protocol: Callable, arg: str) -> Callable:
+    """``--model`` or ``--baseline``: repeatable, comma-separated names from ``allowed`` (None when not given)."""
+    def names(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> list[str] | None:
+        out = [m.strip() for v in values for m in v.split(",") if m.strip()]
+        for m in out:
+            if m not in allowed:
+                what = f"unknown model {m!r}" if m not in ALL_MODELS else f"{m!r} does not apply here"
+                raise click.BadParameter(f"{what}; choose from {', '.join(allowed)}", ctx, param)
+        return out or None
+
+    what = "Geometries" if option == "--model" else "Reference geometries"
+    return click.option(option, arg, multiple=True, metavar="NAME[,NAME...]", callback=names,
+                        help=f"{what}: {', '.join(allowed)} (default: {', '.join(_default(protocol, arg)) or 'none'}).")
+
+
+def _draws(what: str) -> Callable:
+    return click.option("--draws", "n_draws", type=click.IntRange(min=1), help=f"Random draws: {what}.")
+
+
+def _fraction(default: float) -> Callable:
+    return click.option("--anchor-fraction", type=click.FloatRange(0, 1, min_open=True),
+                        help=f"Fraction of each anchor set kept per draw (default {default:g}).")
+
+
+_BUDGETS = click.option("--budgets", type=_List(int), help="Anchor budgets (default 2, 4, 8, ... and the set size).")
+
+
+# ------------------------------------------------------------------------ commands
+@_command("coordinate", "Anchor mixture p·A + (1 − p)·B against AUPRC on factors A and B (Figure 3).",
+          "anchordiv eval coordinate coll/ --anchors anchors.yaml:breeds --anchors anchors.yaml:places \\\n"
+          "      --factor breed --factor place --model softmax,gaussian --out results/coordinate", "two, A then B")
+@_geometries("--model", ALL_MODELS, P.coordinate, "models")
+@_geometries("--baseline", ("cosine",), P.coordinate, "baselines")
+@click.option("--proportions", type=_List(float), help="Mixture proportions p in [0, 1] (default 0, 0.1, ..., 1).")
+@_draws("realisations of the two anchor sets (default 5)")
+@_fraction(0.8)
+@_common()
+def coordinate(models, baselines, proportions, n_draws, anchor_fraction, **o):
+    """AUPRC on factors A and B as the anchor mixture moves from B (p = 0) to A (p = 1); paper Figure 3."""
+    inp = _Inputs(o)
+    (na, A, fa), (nb, B, fb) = inp.sets(2, 2)
+    inp.run(P.coordinate, A, B, fa, fb, names=(na, nb), models=models, baselines=baselines, proportions=proportions,
+            n_draws=n_draws, anchor_fraction=anchor_fraction)
+
+
+@_command("budget", "AUPRC against the number of anchors (Figures 4, 6).",
+          "anchordiv eval budget coll/ --anchors anchors.yaml:breeds --factor breed --budgets 2,4,8,18 \\\n"
+          "      --out results/budget", "one")
+@_geometries("--model", ANCHOR_MODELS, P.budget, "models")
+@_geometries("--baseline", BASELINES, P.budget, "baselines")
+@_BUDGETS
+@_draws("random subsets per budget (default 5)")
+@_common()
+def budget(models, baselines, budgets, n_draws, **o):
+    """AUPRC against the number of anchors for every model and baseline; paper Figures 4 and 6."""
+    inp = _Inputs(o)
+    ((name, S, f),) = inp.sets(1, 1)
+    inp.run(P.budget, S, f, name=name, models=models, baselines=baselines, budgets=budgets, n_draws=n_draws)
+
+
+@_command("adaptation", "Posterior from broad anchors against target-only models (Figure 5).",
+          "anchordiv eval adaptation coll/ --broad anchors.yaml:lemmas --anchors anchors.yaml:breeds \\\n"
+          "      --factor breed --model gaussian,gmm,latent_spherical --rank 16 --out results/adaptation",
+          "one, the target anchors")
+@click.option("--broad", "broad_spec", required=True, metavar="SPEC", help="Broad anchors (the prior), as --anchors.")
+@_geometries("--model", POSTERIOR_MODELS, P.adaptation, "models")
+@_geometries("--baseline", ("softmax", "iti", "cosine"), P.adaptation, "references")
+@_BUDGETS
+@_draws("random target subsets per budget (default 5)")
+@_common()
+def adaptation(broad_spec, models, references, budgets, n_draws, **o):
+    """Posterior (broad → target) against target-only models over target budgets; paper Figure 5."""
+    inp = _Inputs(o)
+    ((name, T, f),) = inp.sets(1, 1)
+    broad_name, Bd = inp.anchors(broad_spec)
+    inp.run(P.adaptation, Bd, T, f, names=(broad_name, name), models=models, references=references, budgets=budgets,
+            n_draws=n_draws)
+
+
+@_command("components", "AUPRC against the number of gmm components (Figure 7).",
+          "anchordiv eval components coll/ --anchors anchors.yaml:breeds --factor breed \\\n"
+          "      --anchors anchors.yaml:places --factor place --components 1,2,4,8 --out results/components",
+          "one or more, each with its --factor")
+@_geometries("--baseline", tuple(m for m in model_names() if m != "gmm"), P.components, "references")
+@_draws("gmm initialisations per M (default 3)")
+@_common(sweep_components=True)
+def components(references, n_components, n_draws, **o):
+    """AUPRC of a gmm against its number of components M, per anchor set; paper Figure 7."""
+    inp = _Inputs(o)
+    inp.run(P.components, inp.sets(1, None), references=references, n_components=n_components, n_draws=n_draws)
+
+
+@_command("table", "Per-label AUPRC differences against cosine and ITI (Tables 2, 3).",
+          "anchordiv eval table coll/ --anchors anchors.yaml:breeds --factor breed --per-value --out results/table",
+          "one per label of the table, each with its --factor")
+@_geometries("--model", ANCHOR_MODELS, P.table, "models")
+@_geometries("--baseline", BASELINES, P.table, "baselines")
+@click.option("--per-value", is_flag=True, help="One row per value of each factor.")
+@click.option("--values", metavar="V,...", help="Only these values of each factor (e.g. 1), read as --param values.")
+@_draws("anchor draws per label (default 1)")
+@_fraction(1.0)
+@_common()
+def table(models, baselines, per_value, values, n_draws, anchor_fraction, **o):
+    """Per-label AUPRC differences against cosine and ITI; paper Tables 2 and 3."""
+    from ..cli import _parse_params
+
+    inp = _Inputs(o)
+    if values:
+        per_value = list(_parse_params([f"{i}={v}" for i, v in enumerate(values.split(",")) if v.strip()]).values())
+    inp.run(P.table, inp.sets(1, None), models=models, baselines=baselines, per_value=per_value, n_draws=n_draws,
+            anchor_fraction=anchor_fraction)
+
+
+@_command("runtime", "Fit + search time against the number of anchors (Table 4).",
+          "anchordiv eval runtime --n-anchors 256,1024,4096 --out results/runtime", None)
+@_geometries("--model", ALL_MODELS, P.runtime, "models")
+@click.option("--n-anchors", type=_List(int), default="256,1024,4096", show_default=True, help="Anchor counts N.")
+@click.option("--queries", "n_queries", type=click.IntRange(min=1), default=200, show_default=True, help="Queries.")
+@click.option("--gallery", "n_gallery", type=click.IntRange(min=10), default=2000, show_default=True,
+              help="Gallery size.")
+@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True, help="Timed calls.")
+@_RUN
+def runtime(models, threads, **kwargs):
+    """Fit + search time against the number of anchors on synthetic vectors; paper Table 4."""
+    _threads(threads)
+    _echo(P.runtime(models=models or _default(P.runtime, "models"), **kwargs))
+
+
+def eval_command() -> click.Group:
+    """The ``eval`` click group: ``anchordiv eval PROTOCOL [COLLECTION] ...``.
+
+    One subcommand per protocol; register it with ``cli.add_command(eval_command())``.
     ``COLLECTION`` is anything :func:`anchordiv.io.load_collection` reads with label
     columns in its metadata (``runtime`` needs none). ``--anchors`` takes an anchors-file
     spec (``PATH[:NAME[:P],...]``, embedded with the collection's encoder or
     ``--encoder``) or a ``.npy`` array of anchor embeddings; ``--anchors`` and
-    ``--factor`` pair up in order. The protocols are those of
-    :mod:`anchordiv.experiments.protocols`.
+    ``--factor`` pair up in order.
     """
-    import click
+    group = click.Group("eval", context_settings=_CONTEXT, help="""Rerun one of the paper's experiments.
 
-    @click.command("eval", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-                   epilog=EXAMPLES)
-    @click.argument("protocol", type=click.Choice(list(PROTOCOLS)))
-    @click.argument("collection", required=False, type=click.Path(exists=True))
-    @click.option("--anchors", "anchor_specs", multiple=True, metavar="SPEC",
-                  help="Anchors: PATH[:NAME[:P],...] of an anchors file, or a .npy of embeddings. Repeatable; "
-                       "coordinate takes two (A, B), budget/adaptation one (the target), components/table any.")
-    @click.option("--factor", "factors", multiple=True, metavar="COLUMN",
-                  help="Label column described by each --anchors, in the same order.")
-    @click.option("--broad", "broad_spec", metavar="SPEC", help="Broad anchors (adaptation).")
-    @click.option("--model", "models", multiple=True, metavar="NAME[,NAME...]",
-                  help="Geometries (registry names); each protocol has a default.")
-    @click.option("--baseline", "baselines", multiple=True, metavar="NAME[,NAME...]",
-                  help="Reference geometries (cosine, iti; adaptation/components: also softmax).")
-    @click.option("--budgets", metavar="N,N,...", help="Anchor budgets (budget, adaptation).")
-    @click.option("--proportions", metavar="P,P,...", help="Mixture proportions p (coordinate).")
-    @click.option("--components", "n_components", metavar="M,M,...", help="GMM components (components).")
-    @click.option("--draws", type=click.IntRange(min=1), default=None, help="Random draws per condition.")
-    @click.option("--anchor-fraction", type=click.FloatRange(0, 1, min_open=True), default=None,
-                  help="Fraction of each anchor set kept per draw (coordinate, table).")
-    @click.option("--per-value", is_flag=True, help="table: one row per value of each factor.")
-    @click.option("--values", metavar="V,V,...", help="table: only these values of each factor (e.g. 1).")
-    @click.option("--gmm-components", type=click.IntRange(min=1), default=None, help="GMM components of gmm.")
-    @click.option("--rank", default=None, help="Latent rank: an int k or a variance fraction.")
-    @click.option("--param", "params", multiple=True, metavar="MODEL.PARAM=VALUE",
-                  help="Any model parameter, e.g. gmm.reg_covar=1e-4 (repeatable).")
-    @click.option("--tau", type=float, default=None, help="Temperature (default: the collection's, else the encoder's).")
-    @click.option("--encoder", default=None, metavar="SPEC", help="Encoder of text anchors (default: the collection's).")
-    @click.option("--device", default=None, help="Torch device of the encoder.")
-    @click.option("--split-column", default=None, metavar="COLUMN",
-                  help="Column with 'query'/'key'/'both' per row (default: every row is both; self excluded).")
-    @click.option("--max-queries", type=click.IntRange(min=1), default=None, help="Subsample the queries (seeded).")
-    @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of every draw.")
-    @click.option("--n-boot", type=click.IntRange(min=1), default=1000, show_default=True,
-                  help="Bootstrap replicates of the intervals.")
-    @click.option("--n-anchors", metavar="N,N,...", default="256,1024,4096", show_default=True,
-                  help="runtime: anchor counts.")
-    @click.option("--queries", "n_queries", type=click.IntRange(min=1), default=200, show_default=True,
-                  help="runtime: queries.")
-    @click.option("--gallery", "n_gallery", type=click.IntRange(min=10), default=2000, show_default=True,
-                  help="runtime: gallery size.")
-    @click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True, help="runtime: timed calls.")
-    @click.option("--bench-dir", type=click.Path(file_okay=False), default=None,
-                  help="runtime: the repository's benchmarks/ folder (found automatically in a checkout).")
-    @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
-    @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
-    @click.option("--threads", type=click.IntRange(min=1), default=None,
-                  help="Torch threads (1 avoids slow small LAPACK calls on a busy machine).")
-    def eval_cmd(protocol, collection, anchor_specs, factors, broad_spec, models, baselines, budgets, proportions,
-                 n_components, draws, anchor_fraction, per_value, values, gmm_components, rank, params, tau, encoder,
-                 device, split_column, max_queries, seed, n_boot, n_anchors, n_queries, n_gallery, repeats, bench_dir,
-                 out_dir, progress, threads):
-        """Rerun one of the paper's experiments on a labelled collection.
-
-        PROTOCOL is coordinate (Fig. 3), budget (Figs. 4, 6), adaptation (Fig. 5),
-        components (Fig. 7), table (Tables 2, 3) or runtime (Table 4). Writes
-        PROTOCOL.csv, PROTOCOL_summary.csv, PROTOCOL_effects.csv, PROTOCOL.md,
-        PROTOCOL.png and PROTOCOL.json to --out.
-        """
-        from . import protocols as P
-        from .core import EvalData
-
-        if threads is not None:
-            import torch
-
-            torch.set_num_threads(threads)
-
-        model_list = _models(models)
-        base_list = _models(baselines)
-        from .core import ALL_MODELS
-
-        for opt_name, names in (("--model", model_list), ("--baseline", base_list)):
-            for m in names or []:
-                if m not in ALL_MODELS:
-                    raise click.BadParameter(f"unknown model {m!r}; choose from {', '.join(ALL_MODELS)}",
-                                             param_hint=opt_name)
-        mp = _model_params(params, gmm_components, rank)
-        common = {"out_dir": out_dir, "progress": progress}
-        if protocol == "runtime":
-            res = P.runtime(models=model_list or P.RUNTIME_MODELS, n_anchors=_ints(n_anchors, "--n-anchors"),
-                            n_queries=n_queries, n_gallery=n_gallery, repeats=repeats, bench_dir=bench_dir, **common)
-            _report(res)
-            return
-        if collection is None:
-            raise click.UsageError(f"{protocol} needs a COLLECTION (a labelled embedding collection).")
-        need = {"coordinate": (2, 2), "budget": (1, 1), "adaptation": (1, 1), "components": (1, None),
-                "table": (1, None)}[protocol]
-        n = len(anchor_specs)
-        if n < need[0] or (need[1] is not None and n > need[1]):
-            want = f"exactly {need[0]}" if need[0] == need[1] else f"at least {need[0]}"
-            raise click.UsageError(f"{protocol} takes {want} --anchors, got {n}.")
-        if len(factors) != n:
-            raise click.UsageError(f"give one --factor per --anchors ({n}), got {len(factors)}.")
-        if protocol == "adaptation" and not broad_spec:
-            raise click.UsageError("adaptation needs --broad SPEC (the broad anchors).")
-        if protocol != "adaptation" and broad_spec:
-            raise click.UsageError("--broad applies only to adaptation.")
-
-        from ..io import load_collection
-
-        coll = load_collection(collection)
-        data = EvalData.from_collection(coll, factors=sorted(set(factors)), split_column=split_column,
-                                        name=Path(collection).name)
-        if max_queries is not None:
-            data = data.subsample_queries(max_queries, seed=seed)
-        enc = _Encoder(encoder or getattr(coll, "encoder", None), device)
-        sets = [(_set_name(s), _load_anchors(s, enc)) for s in anchor_specs]
-        if tau is None:
-            tau = data.tau if data.tau is not None else (enc._enc.tau if enc._enc is not None else None)
-        common.update(tau=tau, seed=seed, n_boot=n_boot, model_params=mp or None)
-        opt = {}
-        if draws is not None:
-            opt["n_draws"] = draws
-        if protocol == "coordinate":
-            if model_list:
-                opt["models"] = model_list
-            if base_list is not None:
-                opt["baselines"] = base_list
-            if proportions:
-                opt["proportions"] = _floats(proportions, "--proportions")
-            if anchor_fraction is not None:
-                opt["anchor_fraction"] = anchor_fraction
-            res = P.coordinate(data, sets[0][1], sets[1][1], factors[0], factors[1],
-                               names=(sets[0][0], sets[1][0]), **opt, **common)
-        elif protocol == "budget":
-            if model_list:
-                opt["models"] = model_list
-            if base_list is not None:
-                opt["baselines"] = base_list
-            res = P.budget(data, sets[0][1], factors[0], budgets=_ints(budgets, "--budgets"), name=sets[0][0],
-                           **opt, **common)
-        elif protocol == "adaptation":
-            broad = _load_anchors(broad_spec, enc)
-            if model_list:
-                opt["models"] = model_list
-            if base_list is not None:
-                opt["references"] = base_list
-            res = P.adaptation(data, broad, sets[0][1], factors[0], budgets=_ints(budgets, "--budgets"),
-                               names=(_set_name(broad_spec), sets[0][0]), **opt, **common)
-        elif protocol == "components":
-            if model_list and model_list != ["gmm"]:
-                raise click.UsageError("components sweeps the gmm model; use --baseline for references.")
-            if base_list is not None:
-                opt["references"] = base_list
-            if n_components:
-                opt["n_components"] = _ints(n_components, "--components")
-            res = P.components(data, [(name, a, f) for (name, a), f in zip(sets, factors)], **opt, **common)
-        else:  # table
-            if model_list:
-                opt["models"] = model_list
-            if base_list is not None:
-                opt["baselines"] = base_list
-            if anchor_fraction is not None:
-                opt["anchor_fraction"] = anchor_fraction
-            pv: Any = per_value
-            if values:
-                pv = [_value(v.strip()) for v in values.split(",") if v.strip()]
-            res = P.table(data, [(name, a, f) for (name, a), f in zip(sets, factors)], per_value=pv, **opt, **common)
-        _report(res)
-
-    return eval_cmd
-
-
-def _report(res: Any) -> None:
-    import click
-
-    for v in res.config.get("verdicts", []):
-        click.echo(v)
-    click.echo(f"{res.protocol}: {res.seconds:.1f} s; wrote " + ", ".join(str(p) for p in res.paths.values()))
+    Each PROTOCOL writes PROTOCOL.csv, PROTOCOL_summary.csv, PROTOCOL_effects.csv,
+    PROTOCOL.md, PROTOCOL.png and PROTOCOL.json to --out; 'eval PROTOCOL -h' lists
+    its options.
+    """)
+    for command in (coordinate, budget, adaptation, components, table, runtime):
+        group.add_command(command)
+    return group
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,15 +1,14 @@
-"""The shared core of the experiment protocols: data, geometries, scoring and output files.
+"""The shared core of the experiment protocols: data, geometries and per-query scores.
 
-Every protocol in :mod:`anchordiv.experiments` does the same four things:
+Every protocol in :mod:`anchordiv.experiments` does the same three things:
 
 1. take an evaluation collection (:class:`EvalData`: embeddings, one label array per
    semantic factor, and which rows are queries and which are keys);
-2. build geometries by registry name from anchor sets (:func:`build_geometry`);
+2. build geometries by registry name from anchor sets (:func:`build_geometry`, which
+   calls :func:`anchordiv.make_model`) and fit them (:func:`fit_score`);
 3. score each fitted geometry by per-query average precision on one or more factors
-   (:func:`score`), relevance being "same value of the factor";
-4. aggregate the per-query values over random draws into means with bootstrap
-   intervals (:func:`summarize`) and write CSV, Markdown and PNG files
-   (:func:`write_outputs`).
+   (:func:`score`), relevance being "same value of the factor", and record the values
+   in a tidy frame that :mod:`anchordiv.experiments.report` aggregates and writes.
 
 AUPRC is the mean over queries of the average precision (Kannan, Park, Veitch 2026,
 §5.1 and App. E.4), computed by :func:`anchordiv.metrics.mean_average_precision`. A
@@ -20,52 +19,46 @@ pair (i, i) is removed wherever it occurs. Queries without any relevant key are 
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import numbers
-import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
+from .._util import positive_int
 from ..anchors import AnchorSet
-from ..metrics import bootstrap_ci, mean_average_precision, paired_difference
+from ..models import default_tau, model_names, registry
+from ..metrics import mean_average_precision
 from ..search import distance_matrix
 
 __all__ = [
     "EvalData",
-    "ProtocolResult",
     "ANCHOR_MODELS",
     "BASELINES",
     "PARAMETRIC",
     "POSTERIOR_MODELS",
     "build_geometry",
     "check_models",
+    "fit_score",
     "score",
-    "summarize",
-    "paired_effect",
-    "write_outputs",
-    "markdown_table",
+    "mean_auprc",
 ]
 
 #: Anchor-distribution models by registry name (they take a temperature).
-ANCHOR_MODELS = ("softmax", "gaussian", "gmm", "latent_gaussian", "latent_spherical")
-#: Parametric anchor models (paper §3).
-PARAMETRIC = ("gaussian", "gmm", "latent_gaussian", "latent_spherical")
-#: Models with a posterior update ``fit(target, prior=broad)`` (paper §4, App. D).
-POSTERIOR_MODELS = PARAMETRIC
+ANCHOR_MODELS = model_names(anchor_model=True)
+#: Models with a posterior update ``fit(target, prior=broad)`` (paper §4, App. D): the
+#: parametric anchor models of §3.
+POSTERIOR_MODELS = model_names(accepts_prior=True)
+PARAMETRIC = POSTERIOR_MODELS
 #: Reference geometries (paper §5.1): cosine (no anchors) and image-text inversion.
-BASELINES = ("cosine", "iti")
+BASELINES = model_names(anchor_model=False)
 #: Every registry name.
 ALL_MODELS = ANCHOR_MODELS + BASELINES
 
-#: Default number of GMM components when ``model_params`` gives none.
-DEFAULT_GMM_COMPONENTS = 4
 
 #: Elements of one block of query-key distances.
 CHUNK_ELEMENTS = 1 << 22
@@ -252,9 +245,7 @@ class EvalData:
 
     def subsample_queries(self, n: int, seed: int = 0) -> "EvalData":
         """A copy with at most ``n`` queries drawn uniformly without replacement (seeded)."""
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-            raise ValueError(f"n must be a positive integer, got {n!r}.")
-        if n >= self.queries.size:
+        if positive_int(n, "n") >= self.queries.size:
             return self
         pick = np.sort(np.random.default_rng(seed).choice(self.queries.size, size=int(n), replace=False))
         return EvalData(self.embeddings, self.labels, self.queries[pick], self.keys, self.tau, self.name)
@@ -283,6 +274,20 @@ def check_anchor_set(anchors: Any, data: EvalData, name: str) -> AnchorSet:
     return anchors
 
 
+def check_entries(entries: Any, data: EvalData, what: str) -> list[tuple[str, AnchorSet, str]]:
+    """``[(name, AnchorSet, factor)]`` from a mapping name → (anchors, factor) or a list of triples."""
+    items = [(k, *v) for k, v in entries.items()] if isinstance(entries, Mapping) else list(entries or [])
+    if not items:
+        raise ValueError(f"{what} is empty; give at least one (name, anchors, factor).")
+    out = []
+    for item in items:
+        if len(item) != 3:
+            raise ValueError(f"each {what} entry must be (name, anchors, factor), got {item!r}.")
+        name, anchors, factor = item
+        out.append((str(name), check_anchor_set(anchors, data, f"{what}[{name!r}]"), data.check_factor(factor)))
+    return out
+
+
 # --------------------------------------------------------------------- geometries
 def check_models(models: Iterable[str], allowed: Sequence[str] = ALL_MODELS, what: str = "model") -> list[str]:
     """Model names, checked against ``allowed``; duplicates dropped, order kept."""
@@ -298,17 +303,8 @@ def check_models(models: Iterable[str], allowed: Sequence[str] = ALL_MODELS, wha
 
 
 def resolve_tau(tau: float | None, data: EvalData, models: Iterable[str]) -> float | None:
-    """The temperature: ``tau``, else the collection's; an error if an anchor model needs one."""
-    if tau is None:
-        tau = data.tau
-    if tau is None:
-        if any(m in ANCHOR_MODELS for m in models):
-            raise ValueError("the anchor models need a temperature: pass tau= (e.g. the encoder's .tau).")
-        return None
-    tau = float(tau)
-    if not math.isfinite(tau) or tau <= 0:
-        raise ValueError(f"tau must be a finite number > 0, got {tau!r}.")
-    return tau
+    """The temperature: ``tau``, else the collection's (:func:`anchordiv.models.default_tau`)."""
+    return default_tau(list(models), tau, data.tau)
 
 
 def build_geometry(name: str, tau: float | None, n_anchors: int, dim: int,
@@ -343,13 +339,13 @@ def build_geometry(name: str, tau: float | None, n_anchors: int, dim: int,
     from ..models import make_model
 
     params = dict((model_params or {}).get(name, {}))
-    if name in ANCHOR_MODELS and "tau" not in params and "logit_scale" not in params:
+    if name in model_names(takes_temperature=True) and "tau" not in params and "logit_scale" not in params:
         params["tau"] = tau
     if name == "gmm":
-        params.setdefault("n_components", DEFAULT_GMM_COMPONENTS)
         params.setdefault("seed", int(seed))
         if clip:
-            params["n_components"] = max(1, min(int(params["n_components"]), int(n_anchors)))
+            given = params.get("n_components", registry()["gmm"]().n_components)
+            params["n_components"] = max(1, min(int(given), int(n_anchors)))
     if name.startswith("latent_") and clip:
         rank = params.get("rank", 0.95)
         if isinstance(rank, numbers.Integral) and not isinstance(rank, bool):
@@ -359,8 +355,6 @@ def build_geometry(name: str, tau: float | None, n_anchors: int, dim: int,
 
 def min_anchors(name: str) -> int:
     """Fewest anchors a geometry of this name can be fitted on."""
-    from ..models import registry
-
     return int(getattr(registry()[name], "min_anchors", 1))
 
 
@@ -461,215 +455,28 @@ def mean_auprc(geometry: Any, embeddings: Any, labels: Any, factors: Sequence[st
     return {f: float(np.nanmean(v)) for f, v in per_query.items()}
 
 
-# ---------------------------------------------------------------------- aggregation
-def _ci(values: np.ndarray, n_boot: int, seed: int) -> tuple[float, float, float, int]:
-    """(mean, low, high, queries used) of a (draws, Q) matrix of per-query values."""
-    if np.isnan(values).all():
-        return float("nan"), float("nan"), float("nan"), 0
-    ci = bootstrap_ci(values, n_boot=n_boot, seed=seed)
-    return ci.mean, ci.low, ci.high, ci.n
+def fit_score(name: str, anchors: AnchorSet | None, data: EvalData, factors: Sequence[str], tau: float | None,
+              model_params: Mapping | None, seed: int, prior: Any = None, clip_n: int | None = None):
+    """Fit geometry ``name`` on ``anchors`` and :func:`score` it; None when there are too few anchors.
 
-
-def summarize(groups: Mapping[tuple, Sequence[np.ndarray]], keys: Sequence[str], n_boot: int = 1000,
-              seed: int = 0) -> list[dict]:
-    """Mean AUPRC with a 95 % bootstrap interval for each group of draws.
-
-    Parameters
-    ----------
-    groups : mapping of tuple to list of numpy.ndarray
-        For each group (a tuple of values named by ``keys``), the per-query AP arrays of
-        its draws, all over the same queries.
-    keys : sequence of str
-        Names of the tuple entries.
-    n_boot : int, optional
-        Bootstrap replicates; draws and queries are both resampled
-        (:func:`anchordiv.metrics.bootstrap_ci`).
-    seed : int, optional
-        Bootstrap seed.
-
-    Returns
-    -------
-    list of dict
-        One row per group: the key values, ``auprc``, ``ci_low``, ``ci_high``,
-        ``n_draws`` and ``n_queries``.
+    ``cosine`` needs no anchors. With ``prior`` (a fitted broad geometry) the fit is the
+    posterior update ``fit(anchors, prior=prior)`` (paper §4, App. D); ``clip_n`` is then
+    the anchor count the parameters are clipped to (:func:`build_geometry`).
     """
-    rows = []
-    for group, draws in groups.items():
-        mat = np.vstack([np.asarray(d, dtype=np.float64) for d in draws])
-        mean, low, high, n_q = _ci(mat, n_boot, seed)
-        rows.append({**dict(zip(keys, group)), "auprc": mean, "ci_low": low, "ci_high": high,
-                     "n_draws": mat.shape[0], "n_queries": n_q})
-    return rows
-
-
-def paired_effect(a: Sequence[np.ndarray], b: Sequence[np.ndarray], n_boot: int = 1000, seed: int = 0) -> dict:
-    """Mean of ``a − b`` over draws and queries with a bootstrap interval (paired by query and draw).
-
-    ``a`` and ``b`` are lists of per-query arrays of the same draws; a single-draw side
-    (a geometry without random draws) is compared with every draw of the other.
-    """
-    A = np.vstack([np.asarray(x, dtype=np.float64) for x in a])
-    B = np.vstack([np.asarray(x, dtype=np.float64) for x in b])
-    if A.shape[0] != B.shape[0] and 1 not in (A.shape[0], B.shape[0]):
-        raise ValueError(f"cannot pair {A.shape[0]} draws with {B.shape[0]} draws.")
-    A = A[0] if A.shape[0] == 1 else A
-    B = B[0] if B.shape[0] == 1 else B
-    if np.isnan(A - B).all():
-        return {"diff": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
-    ci = paired_difference(A, B, n_boot=n_boot, seed=seed)
-    return {"diff": ci.mean, "ci_low": ci.low, "ci_high": ci.high}
-
-
-# -------------------------------------------------------------------------- output
-@dataclass
-class ProtocolResult:
-    """What a protocol computed and wrote.
-
-    Attributes
-    ----------
-    protocol : str
-        The protocol's name.
-    rows : list of dict
-        Raw results, one row per condition and random draw (``<protocol>.csv``).
-    summary : list of dict
-        Means with 95 % intervals (``<protocol>_summary.csv``, ``<protocol>.md``).
-    effects : list of dict
-        The paired differences that test the paper's claim (``<protocol>_effects.csv``).
-    config : dict
-        Parameters, sizes, timings (``<protocol>.json``).
-    paths : dict of str to pathlib.Path
-        The files written (empty without ``out_dir``).
-    seconds : float
-        Wall time.
-    """
-
-    protocol: str
-    rows: list
-    summary: list
-    effects: list
-    config: dict
-    paths: dict = field(default_factory=dict)
-    seconds: float = 0.0
-
-    def frame(self, which: str = "summary") -> Any:
-        """``rows``, ``summary`` or ``effects`` as a pandas DataFrame."""
-        import pandas as pd
-
-        if which not in ("rows", "summary", "effects"):
-            raise ValueError(f"which must be 'rows', 'summary' or 'effects', got {which!r}.")
-        return pd.DataFrame(getattr(self, which))
-
-
-def _fmt(v: Any, digits: int = 4) -> str:
-    if isinstance(v, (float, np.floating)):
-        return "" if math.isnan(v) else f"{float(v):.{digits}f}"
-    if isinstance(v, (np.integer,)):
-        return str(int(v))
-    return str(v)
-
-
-def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> Path:
-    """Write rows of dicts as CSV (floats with 6 decimals); returns the path."""
-    if columns is None:
-        columns = []
-        for r in rows:
-            columns += [c for c in r if c not in columns]
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(columns)
-        for r in rows:
-            w.writerow([_fmt(r.get(c, ""), 6) for c in columns])
-    return path
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub Markdown table."""
-    lines = ["| " + " | ".join(str(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(_fmt(c, 3) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def fmt_ci(mean: float, low: float, high: float, digits: int = 3, signed: bool = False) -> str:
-    """``0.512 [0.498, 0.527]`` (or with signs for differences)."""
-    if mean is None or math.isnan(mean):
-        return "—"
-    s = "+" if signed else ""
-    return f"{mean:{s}.{digits}f} [{low:{s}.{digits}f}, {high:{s}.{digits}f}]"
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return float(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    return str(obj)
-
-
-def write_outputs(result: ProtocolResult, out_dir: str | os.PathLike | None, markdown: str,
-                  plot: Callable[[Any], None] | None, columns: Mapping[str, Sequence[str]] | None = None,
-                  figsize: tuple[float, float] = (7.5, 4.8)) -> ProtocolResult:
-    """Write ``<protocol>.csv``, ``_summary.csv``, ``_effects.csv``, ``.md``, ``.png`` and ``.json``.
-
-    Parameters
-    ----------
-    result : ProtocolResult
-        Rows, summary, effects and config; ``paths`` is filled in.
-    out_dir : path or None
-        Output folder (created); nothing is written when None.
-    markdown : str
-        The Markdown report.
-    plot : callable or None
-        Draws the figure on a matplotlib ``Figure`` it receives.
-    columns : mapping, optional
-        Column order for ``rows``, ``summary`` and ``effects``.
-    figsize : (float, float), optional
-        Figure size in inches.
-
-    Returns
-    -------
-    ProtocolResult
-    """
-    if out_dir is None:
-        return result
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    name = result.protocol
-    columns = columns or {}
-    paths = {
-        "csv": write_csv(out / f"{name}.csv", result.rows, columns.get("rows")),
-        "summary_csv": write_csv(out / f"{name}_summary.csv", result.summary, columns.get("summary")),
-        "effects_csv": write_csv(out / f"{name}_effects.csv", result.effects, columns.get("effects")),
-    }
-    md_path = out / f"{name}.md"
-    md_path.write_text(markdown.rstrip() + "\n", encoding="utf-8")
-    paths["md"] = md_path
-    if plot is not None:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        fig = plt.figure(figsize=figsize, dpi=110)
-        try:
-            plot(fig)
-            fig.tight_layout()
-            fig.savefig(out / f"{name}.png")
-        finally:
-            plt.close(fig)
-        paths["png"] = out / f"{name}.png"
-    cfg_path = out / f"{name}.json"
-    cfg_path.write_text(json.dumps(_jsonable(result.config), indent=2) + "\n", encoding="utf-8")
-    paths["json"] = cfg_path
-    result.paths = paths
-    return result
+    if name == "cosine":
+        return score(build_geometry("cosine", tau, 0, data.dim), data, factors)
+    support = anchors.support()
+    n = len(support)
+    if prior is None and n < min_anchors(name):
+        return None
+    if prior is not None and n < int(getattr(prior, "min_target_anchors", 1)):
+        return None
+    geometry = build_geometry(name, tau, clip_n if clip_n is not None else n, data.dim, model_params, seed)
+    if prior is None:
+        geometry.fit(support)
+    else:
+        geometry.fit(support, prior=prior)
+    return score(geometry, data, factors)
 
 
 # --------------------------------------------------------------------------- misc
@@ -699,13 +506,6 @@ def check_seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
     return int(seed)
-
-
-def check_positive_int(value: Any, name: str) -> int:
-    """``value`` as a positive int, else a ``ValueError``."""
-    from .._backend import positive_int
-
-    return positive_int(value, name)
 
 
 def draw_seed(seed: int, *parts: int) -> int:
@@ -750,6 +550,17 @@ def environment() -> dict:
 
     return {"anchordiv": __version__, "source_sha256": source_fingerprint(), "numpy": np.__version__,
             "torch": torch.__version__, "python": platform.python_version(), "torch_threads": torch.get_num_threads()}
+
+
+def run_config(protocol: str, data: EvalData | None, seconds: float, verdicts: Sequence[str], **params: Any) -> dict:
+    """The ``<protocol>.json`` record: parameters, wall time, package versions, the collection's sizes, verdicts."""
+    cfg = {"protocol": protocol, **params, "seconds": round(seconds, 3), "environment": environment()}
+    if data is not None:
+        cfg["data"] = {"name": data.name, "n_items": len(data), "dim": data.dim, "n_queries": int(data.queries.size),
+                       "n_keys": int(data.keys.size), "queries_are_keys": data.queries_are_keys,
+                       "factors": {f: int(np.unique(v).size) for f, v in data.labels.items()}}
+    cfg["verdicts"] = list(verdicts)
+    return cfg
 
 
 def source_fingerprint() -> str:

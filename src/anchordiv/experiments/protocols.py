@@ -13,127 +13,107 @@ runtime        App. F.4, Tab 4 fit + search time against the number of anchors
 
 Each protocol takes an :class:`~anchordiv.experiments.core.EvalData` (embeddings and
 labels; ``runtime`` draws its own data), anchor sets and model names, is seeded (the same
-arguments give the same files), shows a tqdm progress bar, and writes to ``out_dir``:
-``<protocol>.csv`` (one row per condition and random draw), ``<protocol>_summary.csv``
-(means with 95 % bootstrap intervals over draws and queries), ``<protocol>_effects.csv``
-(the paired differences that test the claim), ``<protocol>.md`` (tables and a verdict),
-``<protocol>.png`` and ``<protocol>.json`` (parameters and timings).
+arguments give the same files), and returns a
+:class:`~anchordiv.experiments.report.ProtocolResult` of tidy DataFrames: the per-query
+observations, the mean AP per condition and draw, the summary (means with 95 %
+bootstrap intervals over draws and queries) and the paired effects that test the claim.
+With ``out_dir`` it writes ``<protocol>.csv``, ``_summary.csv``, ``_effects.csv``,
+``.md`` (tables and a verdict), ``.png`` and ``.json`` (parameters and timings).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-import sys
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+from .._util import positive_int
 from ..anchors import AnchorSet
+from ..models import model_names
 from .core import (
     ANCHOR_MODELS,
     BASELINES,
     PARAMETRIC,
     POSTERIOR_MODELS,
     EvalData,
-    ProtocolResult,
     Timer,
     build_geometry,
     check_anchor_set,
+    check_entries,
     check_models,
-    check_positive_int,
     check_seed,
     draw_seed,
-    environment,
-    fmt_ci,
-    markdown_table,
-    min_anchors,
-    paired_effect,
+    fit_score,
     honours_progress,
     progress_bar,
     resolve_tau,
+    run_config,
     score,
     subsample,
+)
+from .report import (
+    TIE,
+    EffectPlot,
+    LinePlot,
+    Observations,
+    ProtocolResult,
+    Report,
+    broadcast,
+    bullets,
+    ci_text,
+    color,
+    groups,
+    long_table,
+    paired_effect,
+    paired_effects,
+    per_draw,
+    pivot_table,
     summarize,
+    tidy,
+    verdict,
     write_outputs,
 )
 
 __all__ = ["coordinate", "budget", "adaptation", "components", "table", "runtime", "PROTOCOLS", "run_protocol"]
 
-#: Differences smaller than this in absolute value count as ties (paper Table 2: 0.005).
-TIE = 0.005
-
-_COLORS = {
-    "softmax": "#1f77b4", "gaussian": "#ff7f0e", "gmm": "#2ca02c", "latent_gaussian": "#d62728",
-    "latent_spherical": "#9467bd", "cosine": "#7f7f7f", "iti": "#8c564b",
-}
+#: Columns of every summary after the condition columns.
+STATS = ["auprc", "ci_low", "ci_high", "n_draws", "n_queries"]
+#: Columns of every effects table after the labels of the comparison.
+EFFECT = ["diff", "ci_low", "ci_high", "verdict"]
+_DIFF = ("difference [95 %]", lambda e: ci_text(e, signed=True))
 
 
-def _color(name: str) -> str:
-    return _COLORS.get(name, None) or f"C{abs(hash(name)) % 10}"
+def _result(name: str, obs: pd.DataFrame, rows: pd.DataFrame, summary: list, by: Sequence[str], effects: list,
+            effect_columns: Sequence[str], config: dict, seconds: float, report: Report, out_dir: Any,
+            data: EvalData) -> ProtocolResult:
+    """The frames of a protocol run, written to ``out_dir``."""
+    res = ProtocolResult(name, obs, rows, tidy(summary, [*by, *STATS]), tidy(effects, effect_columns), config,
+                         seconds=seconds)
+    return write_outputs(res, report, out_dir, data.describe())
 
 
-def _fit_score(name: str, anchors: AnchorSet | None, data: EvalData, factors: Sequence[str], tau: float | None,
-               model_params: Mapping | None, seed: int, prior: Any = None, clip_n: int | None = None):
-    """Fit geometry ``name`` on ``anchors`` (optionally with a prior) and score it; None if too few anchors."""
-    if name == "cosine":
-        from ..baselines import Cosine
-
-        return score(Cosine(), data, factors)
-    support = anchors.support()
-    n = len(support)
-    if prior is None and n < min_anchors(name):
-        return None
-    if prior is not None and n < int(getattr(prior, "min_target_anchors", 1)):
-        return None
-    geometry = build_geometry(name, tau, clip_n if clip_n is not None else n, data.dim, model_params, seed)
-    if prior is None:
-        geometry.fit(support)
-    else:
-        geometry.fit(support, prior=prior)
-    return score(geometry, data, factors)
+def _budgets(budgets: Sequence[int] | None, n: int, what: str) -> list[int]:
+    """Sorted budgets (default 2, 4, 8, ... below ``n``, and ``n``), each at most ``n``."""
+    default = [b for b in (2 ** e for e in range(1, 20)) if b < n] + [n]
+    out = sorted({int(positive_int(b, "budget")) for b in (budgets or default)})
+    if out[-1] > n:
+        raise ValueError(f"budget {out[-1]} exceeds the {n} {what}; use budgets <= {n}.")
+    return out
 
 
-def _verdict(ci_low: float, ci_high: float, diff: float | None = None) -> str:
-    """``holds`` (interval above 0 and the difference above the tie band), ``reversed``, ``tie`` or inconclusive."""
-    if math.isnan(ci_low):
-        return "not measured"
-    if diff is None:
-        diff = 0.5 * (ci_low + ci_high)
-    if ci_low > 0 and diff > TIE:
-        return "holds"
-    if ci_high < 0 and diff < -TIE:
-        return "reversed"
-    if abs(diff) <= TIE:
-        return f"tie (|difference| <= {TIE})"
-    return "inconclusive (interval contains 0)"
-
-
-def _header(title: str, claim: str, data: EvalData | None, facts: Mapping[str, Any]) -> list[str]:
-    lines = [f"# {title}", "", f"**Claim tested.** {claim}", ""]
-    if data is not None:
-        lines.append(f"- data: {data.describe()}")
-    lines += [f"- {k}: {v}" for k, v in facts.items()]
-    lines.append("")
-    return lines
-
-
-def _band(ax, xs, rows, label, color, style="-", marker="o"):
-    y = np.array([r["auprc"] for r in rows], dtype=float)
-    lo = np.array([r["ci_low"] for r in rows], dtype=float)
-    hi = np.array([r["ci_high"] for r in rows], dtype=float)
-    ax.plot(xs, y, style, color=color, marker=marker, ms=3.5, lw=1.6, label=label)
-    ax.fill_between(xs, lo, hi, color=color, alpha=0.15, lw=0)
-
-
-def _config(protocol: str, data: EvalData | None, seconds: float, **params: Any) -> dict:
-    cfg = {"protocol": protocol, **params, "seconds": round(seconds, 3), "environment": environment()}
-    if data is not None:
-        cfg["data"] = {"name": data.name, "n_items": len(data), "dim": data.dim, "n_queries": int(data.queries.size),
-                       "n_keys": int(data.keys.size), "queries_are_keys": data.queries_are_keys,
-                       "factors": {f: int(np.unique(v).size) for f, v in data.labels.items()}}
-    return cfg
+def _fit_models(obs: Observations, bar: Any, names: Sequence[str], anchors: AnchorSet | None, data: EvalData,
+                on: str, tau: float | None, params: Mapping | None, seed: int, **condition: Any) -> None:
+    """Fit and score each geometry of ``names`` on ``anchors`` by factor ``on``; one observation
+    block per geometry that could be fitted, with ``model`` and ``condition``."""
+    for m in names:
+        res = fit_score(m, anchors, data, [on], tau, params, seed)
+        bar.update()
+        if res is not None:
+            obs.add(res[on], data.queries, model=m, **condition)
 
 
 # ============================================================================ coordinate
@@ -188,13 +168,13 @@ def coordinate(data: EvalData, anchors_a: AnchorSet, anchors_b: AnchorSet, facto
     Returns
     -------
     ProtocolResult
-        ``rows``: model, p, draw, factor, role (A/B), auprc, n_anchors; ``summary``: the
-        same per (model, p, factor) with ``ci_low``/``ci_high``; ``effects``: per model
-        the change from p = 0 to p = 1 on each factor.
+        ``observations``: model, p, draw, factor, role (A/B), n_anchors, query, ap (p
+        empty for the baselines); ``summary`` per (model, p, factor, role), baselines at
+        every p; ``effects``: per model the change from p = 0 to p = 1 on each factor.
     """
     timer = Timer()
     seed = check_seed(seed)
-    n_draws = check_positive_int(n_draws, "n_draws")
+    n_draws = positive_int(n_draws, "n_draws")
     models = check_models(models)
     baselines = check_models(baselines, ("cosine",), "p-independent baseline")
     if not models:
@@ -211,12 +191,11 @@ def coordinate(data: EvalData, anchors_a: AnchorSet, anchors_b: AnchorSet, facto
     names = names or (fa, fb)
     role = {fa: "A", fb: "B"}
 
-    groups: dict[tuple, list] = {}
-    rows: list[dict] = []
+    obs = Observations()
     bar = progress_bar(n_draws * len(ps) * len(models) + len(baselines), "coordinate", progress)
-    base_scores = {}
+    base = {}
     for b in baselines:
-        base_scores[b] = _fit_score(b, None, data, [fa, fb], tau, model_params, seed)
+        base[b] = fit_score(b, None, data, [fa, fb], tau, model_params, seed)
         bar.update()
     for r in range(n_draws):
         A_r = subsample(A, anchor_fraction, draw_seed(seed, 0, r))
@@ -224,112 +203,76 @@ def coordinate(data: EvalData, anchors_a: AnchorSet, anchors_b: AnchorSet, facto
         for p in ps:
             mix = AnchorSet.mixture([A_r, B_r], [p, 1 - p])
             for m in models:
-                res = _fit_score(m, mix, data, [fa, fb], tau, model_params, draw_seed(seed, 2, r))
+                res = fit_score(m, mix, data, [fa, fb], tau, model_params, draw_seed(seed, 2, r))
                 bar.update()
-                if res is None:
-                    continue
-                for f in (fa, fb):
-                    groups.setdefault((m, p, f, role[f]), []).append(res[f])
-                    rows.append({"model": m, "p": p, "draw": r, "factor": f, "role": role[f],
-                                 "auprc": float(np.nanmean(res[f])), "n_anchors": len(mix.support())})
-            for b, res in base_scores.items():
-                for f in (fa, fb):
-                    if r == 0:
-                        groups.setdefault((b, p, f, role[f]), []).append(res[f])
+                for f in (fa, fb) if res is not None else ():
+                    obs.add(res[f], data.queries, model=m, p=p, draw=r, factor=f, role=role[f],
+                            n_anchors=len(mix.support()))
     bar.close()
-    for b, res in base_scores.items():
+    for b, res in base.items():
         for f in (fa, fb):
-            rows.append({"model": b, "p": "", "draw": 0, "factor": f, "role": role[f],
-                         "auprc": float(np.nanmean(res[f])), "n_anchors": 0})
-    summary = summarize(groups, ["model", "p", "factor", "role"], n_boot, seed)
+            obs.add(res[f], data.queries, model=b, p=None, draw=0, factor=f, role=role[f], n_anchors=0)
+    keys = ["model", "p", "draw", "factor", "role", "n_anchors"]
+    obs = obs.frame(keys)
+    rows = per_draw(obs, keys, ["model", "p", "draw", "factor", "role", "auprc", "n_anchors"])
+    by = ["model", "p", "factor", "role"]
+    mats = groups(broadcast(obs, "p", ps), by)
+    summary = summarize(mats, by, n_boot, seed)
 
-    effects = []
     p0, p1 = min(ps), max(ps)
+    comparisons = []
     for m in models:
-        for f, sign in ((fa, 1), (fb, -1)):
-            lo_key, hi_key = (m, p0, f, role[f]), (m, p1, f, role[f])
-            if lo_key not in groups or hi_key not in groups:
-                continue
-            a, b = (groups[hi_key], groups[lo_key]) if sign > 0 else (groups[lo_key], groups[hi_key])
-            e = paired_effect(a, b, n_boot, seed)
-            effects.append({"model": m, "factor": f, "role": role[f],
-                            "comparison": f"AUPRC(p={p1:g}) - AUPRC(p={p0:g})" if sign > 0 else
-                            f"AUPRC(p={p0:g}) - AUPRC(p={p1:g})", **e, "verdict": _verdict(e["ci_low"], e["ci_high"], e["diff"])})
-
+        hi_a, lo_a = (m, p1, fa, "A"), (m, p0, fa, "A")
+        hi_b, lo_b = (m, p1, fb, "B"), (m, p0, fb, "B")
+        comparisons += [({"model": m, "factor": fa, "role": "A", "comparison": f"AUPRC(p={p1:g}) - AUPRC(p={p0:g})"},
+                         hi_a, lo_a),
+                        ({"model": m, "factor": fb, "role": "B", "comparison": f"AUPRC(p={p0:g}) - AUPRC(p={p1:g})"},
+                         lo_b, hi_b)]
+    effects = paired_effects(mats, comparisons, n_boot, seed)
     verdicts = []
     for m in models:
         es = {e["role"]: e for e in effects if e["model"] == m}
         if "A" in es and "B" in es:
-            ok = all(_verdict(es[k]["ci_low"], es[k]["ci_high"], es[k]["diff"]) == "holds" for k in "AB")
-            verdicts.append(f"{m}: p {p0:g} → {p1:g} changes AUPRC on {fa} by "
-                            f"{fmt_ci(es['A']['diff'], es['A']['ci_low'], es['A']['ci_high'], signed=True)} and on "
-                            f"{fb} by {fmt_ci(-es['B']['diff'], -es['B']['ci_high'], -es['B']['ci_low'], signed=True)}"
-                            f" → {'holds' if ok else 'does not hold'}")
+            ok = all(verdict(es[k]) == "holds" for k in "AB")
+            on_b = {"diff": -es["B"]["diff"], "ci_low": -es["B"]["ci_high"], "ci_high": -es["B"]["ci_low"]}
+            verdicts.append(f"{m}: p {p0:g} → {p1:g} changes AUPRC on {fa} by {ci_text(es['A'], signed=True)} and on "
+                            f"{fb} by {ci_text(on_b, signed=True)} → {'holds' if ok else 'does not hold'}")
     seconds = timer()
-    config = _config("coordinate", data, seconds, models=models, baselines=baselines, factor_a=fa, factor_b=fb,
-                     anchor_sets={"A": {"name": names[0], "n": len(A)}, "B": {"name": names[1], "n": len(B)}},
-                     proportions=ps, n_draws=n_draws, anchor_fraction=anchor_fraction, tau=tau,
-                     model_params=model_params or {}, seed=seed, n_boot=n_boot)
-    config["verdicts"] = verdicts
-    result = ProtocolResult("coordinate", rows, summary, effects, config, seconds=seconds)
+    config = run_config("coordinate", data, seconds, verdicts, models=models, baselines=baselines, factor_a=fa,
+                        factor_b=fb,
+                        anchor_sets={"A": {"name": names[0], "n": len(A)}, "B": {"name": names[1], "n": len(B)}},
+                        proportions=ps, n_draws=n_draws, anchor_fraction=anchor_fraction, tau=tau,
+                        model_params=model_params or {}, seed=seed, n_boot=n_boot)
 
-    # ---- markdown
-    by = {(s["model"], s["p"], s["factor"]): s for s in summary}
-    lines = _header(
+    at = {(s["model"], s["p"], s["factor"]): s for s in summary}
+    sections = [("Mean AUPRC [95 % interval] against p", pivot_table(
+        summary, [(p, [f"{p:g}"]) for p in ps], [((m, f), f"{m} · {role[f]} ({f})") for m in models for f in (fa, fb)],
+        lambda s: s["p"], lambda s: (s["model"], s["factor"]), ci_text, ["p"]))]
+    if baselines:
+        sections.append((None, "References (independent of p): " + "; ".join(
+            f"{b} · {role[f]} ({f}) {ci_text(at[(b, p0, f)])}" for b in baselines for f in (fa, fb))))
+    sections += [("Verdict", bullets(verdicts)),
+                 ("Effect of the mixture (paired over draws and queries)", long_table(effects, [
+                     ("model", "model"), ("factor", lambda e: f"{e['role']} ({e['factor']})"),
+                     ("comparison", "comparison"), _DIFF, ("verdict", "verdict")]))]
+    report = Report(
         "Coordinate control: AUPRC on two factors as the anchor mixture moves from B to A",
         "Anchor distributions select the semantic coordinate (paper §5.2, Fig. 3): raising the mass p of "
         "factor-A anchors raises retrieval by factor A and lowers retrieval by factor B.",
-        data,
         {"anchor set A": f"{names[0]} ({len(A)} anchors) → factor `{fa}`",
          "anchor set B": f"{names[1]} ({len(B)} anchors) → factor `{fb}`",
          "mixture": "q_p = p·q_A + (1 − p)·q_B", "temperature τ": tau,
          "draws": f"{n_draws} (each keeps {anchor_fraction:g} of each set), seed {seed}",
-         "runtime": f"{seconds:.1f} s"})
-    head = ["p"] + [f"{m} · {role[f]} ({f})" for m in models for f in (fa, fb)]
-    table_rows = []
-    for p in ps:
-        table_rows.append([f"{p:g}"] + [fmt_ci(*(by[(m, p, f)][k] for k in ("auprc", "ci_low", "ci_high")))
-                                        if (m, p, f) in by else "—" for m in models for f in (fa, fb)])
-    lines += ["## Mean AUPRC [95 % interval] against p", "", markdown_table(head, table_rows), ""]
-    if baselines:
-        lines += ["References (independent of p): " + "; ".join(
-            f"{b} · {role[f]} ({f}) {fmt_ci(by[(b, p0, f)]['auprc'], by[(b, p0, f)]['ci_low'], by[(b, p0, f)]['ci_high'])}"
-            for b in baselines for f in (fa, fb)), ""]
-    lines += ["## Verdict", ""] + [f"- {v}" for v in verdicts] + [""]
-    lines += ["## Effect of the mixture (paired over draws and queries)", "",
-              markdown_table(["model", "factor", "comparison", "difference [95 %]", "verdict"],
-                             [[e["model"], f"{e['role']} ({e['factor']})", e["comparison"],
-                               fmt_ci(e["diff"], e["ci_low"], e["ci_high"], signed=True), e["verdict"]]
-                              for e in effects]), ""]
-
-    def plot(fig):
-        ax = fig.add_subplot(111)
-        for m in models:
-            for f, style in ((fa, "-"), (fb, "--")):
-                rs = [by[(m, p, f)] for p in ps if (m, p, f) in by]
-                if rs:
-                    _band(ax, [r["p"] for r in rs], rs, f"{m} · {f}", _color(m), style)
-        for b in baselines:
-            for f, style in ((fa, "-"), (fb, "--")):
-                ax.axhline(by[(b, p0, f)]["auprc"], color=_color(b), ls=style, lw=1, alpha=0.7, label=f"{b} · {f}")
-        ax.set_xlabel(f"p (mass of {names[0]} anchors; 1 − p on {names[1]})")
-        ax.set_ylabel("AUPRC")
-        ax.set_title("Anchor mixture selects the semantic coordinate (solid: A, dashed: B)", fontsize=10)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-        ax.grid(alpha=0.3)
-
-    return write_outputs(result, out_dir, "\n".join(lines), plot, figsize=(9.5, 5), columns={
-        "rows": ["model", "p", "draw", "factor", "role", "auprc", "n_anchors"],
-        "summary": ["model", "p", "factor", "role", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
-        "effects": ["model", "factor", "role", "comparison", "diff", "ci_low", "ci_high", "verdict"]})
+         "runtime": f"{seconds:.1f} s"},
+        sections,
+        LinePlot(x="p", series=("model", "factor"), xlabel=f"p (mass of {names[0]} anchors; 1 − p on {names[1]})",
+                 title="Anchor mixture selects the semantic coordinate (solid: A, dashed: B)", title_size=10,
+                 style=lambda s: "-" if s[1] == fa else "--", flat=lambda s: s[0] in baselines, figsize=(9.5, 5)))
+    return _result("coordinate", obs, rows, summary, by, effects, ["model", "factor", "role", "comparison", *EFFECT],
+                   config, seconds, report, out_dir, data)
 
 
 # =============================================================================== budget
-def _default_budgets(n: int) -> list[int]:
-    out = [b for b in (2 ** e for e in range(1, 20)) if b < n]
-    return out + [n]
-
-
 @honours_progress
 def budget(data: EvalData, anchors: AnchorSet, factor: str, *, budgets: Sequence[int] | None = None,
            models: Sequence[str] = ANCHOR_MODELS, baselines: Sequence[str] = BASELINES, n_draws: int = 5,
@@ -370,12 +313,13 @@ def budget(data: EvalData, anchors: AnchorSet, factor: str, *, budgets: Sequence
     Returns
     -------
     ProtocolResult
-        ``rows``: model, budget, draw, auprc, n_anchors; ``summary`` per (model, budget);
-        ``effects``: each parametric model minus softmax at each budget (paired).
+        ``observations``: model, budget, draw, n_anchors, query, ap (budget empty for
+        cosine); ``summary`` per (model, budget), cosine at every budget; ``effects``:
+        each parametric model minus softmax at each budget (paired).
     """
     timer = Timer()
     seed = check_seed(seed)
-    n_draws = check_positive_int(n_draws, "n_draws")
+    n_draws = positive_int(n_draws, "n_draws")
     models = check_models(models, ANCHOR_MODELS, "anchor model")
     baselines = check_models(baselines, BASELINES, "baseline")
     if not models and not baselines:
@@ -384,128 +328,83 @@ def budget(data: EvalData, anchors: AnchorSet, factor: str, *, budgets: Sequence
     S = check_anchor_set(anchors, data, "anchors")
     f = data.check_factor(factor)
     N = len(S)
-    budgets = sorted({int(check_positive_int(b, "budget")) for b in (budgets or _default_budgets(N))})
-    if budgets[-1] > N:
-        raise ValueError(f"budget {budgets[-1]} exceeds the {N} anchors; use budgets <= {N}.")
-    fitted = [m for m in models] + [b for b in baselines if b != "cosine"]
+    budgets = _budgets(budgets, N, "anchors")
+    fitted = list(models) + [b for b in baselines if b != "cosine"]
 
-    groups: dict[tuple, list] = {}
-    rows: list[dict] = []
+    obs = Observations()
     total = sum(1 if b == N else n_draws for b in budgets) * len(fitted) + ("cosine" in baselines)
     bar = progress_bar(total, "budget", progress)
     cos = None
     if "cosine" in baselines:
-        cos = _fit_score("cosine", None, data, [f], tau, model_params, seed)[f]
+        cos = fit_score("cosine", None, data, [f], tau, model_params, seed)[f]
         bar.update()
     for b in budgets:
         for r in range(1 if b == N else n_draws):
             sub = S if b == N else S.subsample(b, seed=draw_seed(seed, b, r))
-            for m in fitted:
-                res = _fit_score(m, sub, data, [f], tau, model_params, draw_seed(seed, 1, r))
-                bar.update()
-                if res is None:
-                    continue
-                groups.setdefault((m, b), []).append(res[f])
-                rows.append({"model": m, "budget": b, "draw": r, "auprc": float(np.nanmean(res[f])),
-                             "n_anchors": b})
-        if cos is not None:
-            groups[("cosine", b)] = [cos]
+            _fit_models(obs, bar, fitted, sub, data, f, tau, model_params, draw_seed(seed, 1, r), budget=b, draw=r,
+                        n_anchors=b)
     bar.close()
     if cos is not None:
-        rows.append({"model": "cosine", "budget": "", "draw": 0, "auprc": float(np.nanmean(cos)), "n_anchors": 0})
-    summary = summarize(groups, ["model", "budget"], n_boot, seed)
-
-    effects = []
-    for b in budgets:
-        if ("softmax", b) not in groups:
-            continue
-        for m in models:
-            if m == "softmax" or (m, b) not in groups:
-                continue
-            e = paired_effect(groups[(m, b)], groups[("softmax", b)], n_boot, seed)
-            effects.append({"budget": b, "model": m, "comparison": f"{m} - softmax", **e,
-                            "verdict": _verdict(e["ci_low"], e["ci_high"], e["diff"])})
+        obs.add(cos, data.queries, model="cosine", budget=None, draw=0, n_anchors=0)
+    obs = obs.frame(["model", "budget", "draw", "n_anchors"])
+    rows = per_draw(obs, ["model", "budget", "draw", "n_anchors"], ["model", "budget", "draw", "auprc", "n_anchors"])
+    by = ["model", "budget"]
+    mats = groups(broadcast(obs, "budget", budgets), by)
+    summary = summarize(mats, by, n_boot, seed)
+    effects = paired_effects(mats, [({"budget": b, "model": m, "comparison": f"{m} - softmax"}, (m, b), ("softmax", b))
+                                    for b in budgets for m in models if m != "softmax"], n_boot, seed)
+    at = {(s["model"], s["budget"]): s for s in summary}
+    verdicts = _budget_verdicts(budgets, models, mats, at, n_boot, seed, N)
     seconds = timer()
-    config = _config("budget", data, seconds, models=models, baselines=baselines, factor=f,
-                     anchor_set={"name": name or f, "n": N}, budgets=budgets, n_draws=n_draws, tau=tau,
-                     model_params=model_params or {}, seed=seed, n_boot=n_boot)
-    result = ProtocolResult("budget", rows, summary, effects, config, seconds=seconds)
+    config = run_config("budget", data, seconds, verdicts, models=models, baselines=baselines, factor=f,
+                        anchor_set={"name": name or f, "n": N}, budgets=budgets, n_draws=n_draws, tau=tau,
+                        model_params=model_params or {}, seed=seed, n_boot=n_boot)
 
-    by = {(s["model"], s["budget"]): s for s in summary}
-    shown = models + [b for b in baselines]
-    lines = _header(
+    shown = models + list(baselines)
+    report = Report(
         "Anchor budget: AUPRC against the number of anchors",
         "Parametric anchor models are strongest with limited anchors, while softmax improves with coverage and "
         "is strongest with the full anchor set (paper §5.3, Figs. 4 and 6).",
-        data,
         {"anchors": f"{name or f} ({N} anchors) → factor `{f}`", "temperature τ": tau,
          "draws": f"{n_draws} random subsets per budget (the full set once), seed {seed}",
-         "runtime": f"{seconds:.1f} s"})
-    table_rows = []
-    for b in budgets:
-        vals = {m: by[(m, b)]["auprc"] for m in shown if (m, b) in by}
-        best = max(vals, key=vals.get) if vals else None
-        cells = []
-        for m in shown:
-            if (m, b) not in by:
-                cells.append("—")
-                continue
-            s = by[(m, b)]
-            txt = fmt_ci(s["auprc"], s["ci_low"], s["ci_high"])
-            cells.append(f"**{txt}**" if m == best else txt)
-        table_rows.append([b] + cells)
-    lines += ["## Mean AUPRC [95 % interval] (best per budget in bold)", "", markdown_table(["budget"] + shown,
-                                                                                         table_rows), ""]
-    verdicts = _budget_verdicts(budgets, models, groups, by, n_boot, seed, N)
-    lines += ["## Verdict", ""] + [f"- {v}" for v in verdicts] + [""]
-    result.config["verdicts"] = verdicts
-    lines += ["## Parametric minus softmax (paired over draws and queries)", "",
-              markdown_table(["budget", "comparison", "difference [95 %]", "verdict"],
-                             [[e["budget"], e["comparison"], fmt_ci(e["diff"], e["ci_low"], e["ci_high"], signed=True),
-                               e["verdict"]] for e in effects]), ""]
-
-    def plot(fig):
-        ax = fig.add_subplot(111)
-        for m in shown:
-            rs = [by[(m, b)] for b in budgets if (m, b) in by]
-            if rs:
-                _band(ax, [r["budget"] for r in rs], rs, m, _color(m), "--" if m in BASELINES else "-")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("number of anchors")
-        ax.set_ylabel(f"AUPRC ({f})")
-        ax.set_title("AUPRC against the anchor budget")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-        ax.grid(alpha=0.3)
-
-    return write_outputs(result, out_dir, "\n".join(lines), plot, figsize=(8.5, 4.8), columns={
-        "rows": ["model", "budget", "draw", "auprc", "n_anchors"],
-        "summary": ["model", "budget", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
-        "effects": ["budget", "model", "comparison", "diff", "ci_low", "ci_high", "verdict"]})
+         "runtime": f"{seconds:.1f} s"},
+        [("Mean AUPRC [95 % interval] (best per budget in bold)", pivot_table(
+            summary, [(b, [b]) for b in budgets], [(m, m) for m in shown], lambda s: s["budget"],
+            lambda s: s["model"], ci_text, ["budget"], best="auprc")),
+         ("Verdict", bullets(verdicts)),
+         ("Parametric minus softmax (paired over draws and queries)", long_table(effects, [
+             ("budget", "budget"), ("comparison", "comparison"), _DIFF, ("verdict", "verdict")]))],
+        LinePlot(x="budget", series=("model",), logx=2, xlabel="number of anchors", ylabel=f"AUPRC ({f})",
+                 title="AUPRC against the anchor budget", style=lambda s: "--" if s[0] in BASELINES else "-",
+                 order=[(m,) for m in shown],
+                 legend_size=8, figsize=(8.5, 4.8)))
+    return _result("budget", obs, rows, summary, by, effects, ["budget", "model", "comparison", *EFFECT], config,
+                   seconds, report, out_dir, data)
 
 
-def _budget_verdicts(budgets, models, groups, by, n_boot, seed, N) -> list[str]:
-    out = []
+def _budget_verdicts(budgets, models, mats, at, n_boot, seed, N) -> list[str]:
+    """The budget claim at the smallest contested budget and at the full set."""
     para = [m for m in models if m in PARAMETRIC]
     if "softmax" not in models or not para:
         return ["needs softmax and at least one parametric model"]
-    small = [b for b in budgets if ("softmax", b) in groups and any((m, b) in groups for m in para)]
+    out = []
+    small = [b for b in budgets if ("softmax", b) in mats and any((m, b) in mats for m in para)]
     if small:
         b0 = small[0]
-        best = max((m for m in para if (m, b0) in by), key=lambda m: by[(m, b0)]["auprc"])
-        e = paired_effect(groups[(best, b0)], groups[("softmax", b0)], n_boot, seed)
+        best = max((m for m in para if (m, b0) in at), key=lambda m: at[(m, b0)]["auprc"])
+        e = paired_effect(mats[(best, b0)], mats[("softmax", b0)], n_boot, seed)
         out.append(f"few anchors (n = {b0}): best parametric (highest mean) {best} − softmax = "
-                   f"{fmt_ci(e['diff'], e['ci_low'], e['ci_high'], signed=True)} → {_verdict(e['ci_low'], e['ci_high'], e['diff'])}")
-    if ("softmax", N) in groups:
-        cands = [m for m in para if (m, N) in by]
+                   f"{ci_text(e, signed=True)} → {verdict(e)}")
+    if ("softmax", N) in mats:
+        cands = [m for m in para if (m, N) in at]
         if cands:
-            best = max(cands, key=lambda m: by[(m, N)]["auprc"])
-            e = paired_effect(groups[("softmax", N)], groups[(best, N)], n_boot, seed)
+            best = max(cands, key=lambda m: at[(m, N)]["auprc"])
+            e = paired_effect(mats[("softmax", N)], mats[(best, N)], n_boot, seed)
             out.append(f"full set (n = {N}): softmax − best parametric (highest mean) {best} = "
-                       f"{fmt_ci(e['diff'], e['ci_low'], e['ci_high'], signed=True)} → "
-                       f"{_verdict(e['ci_low'], e['ci_high'], e['diff'])}")
-        contested = [b for b in budgets if ("softmax", b) in by and any((m, b) in by for m in para)]
-        wins = [b for b in contested if all(by[("softmax", b)]["auprc"] >= by[(m, b)]["auprc"]
-                                            for m in para if (m, b) in by)]
+                       f"{ci_text(e, signed=True)} → {verdict(e)}")
+        contested = [b for b in budgets if ("softmax", b) in at and any((m, b) in at for m in para)]
+        wins = [b for b in contested if all(at[("softmax", b)]["auprc"] >= at[(m, b)]["auprc"]
+                                            for m in para if (m, b) in at)]
         if wins:
             out.append(f"softmax has the highest mean AUPRC of the anchor models from n = {min(wins)} on" if
                        all(b in wins for b in contested if b >= min(wins)) else
@@ -566,13 +465,14 @@ def adaptation(data: EvalData, broad: AnchorSet, target: AnchorSet, factor: str,
     Returns
     -------
     ProtocolResult
-        ``rows``: method, model, kind (posterior / target / broad / reference), budget,
-        draw, auprc; ``summary`` per (method, budget); ``effects``: posterior minus
-        target-only, minus softmax and minus broad, per model and budget.
+        ``observations``: method, model, kind (posterior / target / broad / reference),
+        budget, draw, query, ap (budget empty for the broad fits and cosine); ``summary``
+        per (method, budget); ``effects``: posterior minus target-only, minus softmax and
+        minus broad, per model and budget.
     """
     timer = Timer()
     seed = check_seed(seed)
-    n_draws = check_positive_int(n_draws, "n_draws")
+    n_draws = positive_int(n_draws, "n_draws")
     models = check_models(models, POSTERIOR_MODELS, "posterior model")
     references = check_models(references, ("softmax", "iti", "cosine"), "reference")
     if not models:
@@ -582,36 +482,26 @@ def adaptation(data: EvalData, broad: AnchorSet, target: AnchorSet, factor: str,
     T = check_anchor_set(target, data, "target")
     f = data.check_factor(factor)
     N = len(T)
-    budgets = sorted({int(check_positive_int(b, "budget")) for b in (budgets or _default_budgets(N))})
-    if budgets[-1] > N:
-        raise ValueError(f"budget {budgets[-1]} exceeds the {N} target anchors; use budgets <= {N}.")
+    budgets = _budgets(budgets, N, "target anchors")
     params = {k: dict(v) for k, v in _ADAPT_DEFAULTS.items()}
     for k, v in (model_params or {}).items():
         params.setdefault(k, {}).update(v)
     names = names or ("broad", "target")
 
-    groups: dict[tuple, list] = {}
-    rows: list[dict] = []
+    obs = Observations()
     fitted_refs = [r for r in references if r != "cosine"]
     total = len(models) + sum(1 if b == N else n_draws for b in budgets) * (2 * len(models) + len(fitted_refs))
     bar = progress_bar(total + ("cosine" in references), "adaptation", progress)
     priors = {}
     for m in models:
-        prior = build_geometry(m, tau, len(Bd), data.dim, params, seed).fit(Bd)
-        priors[m] = prior
+        priors[m] = build_geometry(m, tau, len(Bd), data.dim, params, seed).fit(Bd)
         if include_broad:
-            res = score(prior, data, [f])[f]
-            for b in budgets:
-                groups[(f"broad {m}", b)] = [res]
-            rows.append({"method": f"broad {m}", "model": m, "kind": "broad", "budget": "", "draw": 0,
-                         "auprc": float(np.nanmean(res))})
+            obs.add(score(priors[m], data, [f])[f], data.queries, method=f"broad {m}", model=m, kind="broad",
+                    budget=None, draw=0)
         bar.update()
     if "cosine" in references:
-        res = _fit_score("cosine", None, data, [f], tau, params, seed)[f]
-        for b in budgets:
-            groups[("cosine", b)] = [res]
-        rows.append({"method": "cosine", "model": "cosine", "kind": "reference", "budget": "", "draw": 0,
-                     "auprc": float(np.nanmean(res))})
+        obs.add(fit_score("cosine", None, data, [f], tau, params, seed)[f], data.queries, method="cosine",
+                model="cosine", kind="reference", budget=None, draw=0)
         bar.update()
     for b in budgets:
         for r in range(1 if b == N else n_draws):
@@ -621,62 +511,21 @@ def adaptation(data: EvalData, broad: AnchorSet, target: AnchorSet, factor: str,
                    [(ref, ref, "reference", None) for ref in fitted_refs]
             for method, m, kind, prior in jobs:
                 clip_n = len(Bd) if prior is not None else None
-                res = _fit_score(m, sub, data, [f], tau, params, draw_seed(seed, 1, r), prior=prior, clip_n=clip_n)
+                res = fit_score(m, sub, data, [f], tau, params, draw_seed(seed, 1, r), prior=prior, clip_n=clip_n)
                 bar.update()
-                if res is None:
-                    continue
-                groups.setdefault((method, b), []).append(res[f])
-                rows.append({"method": method, "model": m, "kind": kind, "budget": b, "draw": r,
-                             "auprc": float(np.nanmean(res[f]))})
+                if res is not None:
+                    obs.add(res[f], data.queries, method=method, model=m, kind=kind, budget=b, draw=r)
     bar.close()
-    summary = summarize(groups, ["method", "budget"], n_boot, seed)
-
-    effects = []
-    for m in models:
-        for b in budgets:
-            post = groups.get((f"posterior {m}", b))
-            if post is None:
-                continue
-            for other in (m, "softmax", f"broad {m}"):
-                if (other, b) not in groups:
-                    continue
-                e = paired_effect(post, groups[(other, b)], n_boot, seed)
-                effects.append({"model": m, "budget": b, "comparison": f"posterior {m} - {other}", **e,
-                                "verdict": _verdict(e["ci_low"], e["ci_high"], e["diff"])})
-    seconds = timer()
-    prior_info = {m: {k: v for k, v in (("n_components", getattr(p, "n_components", None)),
-                                        ("k", getattr(p, "n_components_", None))) if v is not None}
-                  for m, p in priors.items()}
-    config = _config("adaptation", data, seconds, models=models, references=references, factor=f,
-                     broad={"name": names[0], "n": len(Bd)}, target={"name": names[1], "n": N}, budgets=budgets,
-                     n_draws=n_draws, tau=tau, model_params=params, priors=prior_info, seed=seed, n_boot=n_boot,
-                     include_broad=include_broad)
-    result = ProtocolResult("adaptation", rows, summary, effects, config, seconds=seconds)
-
-    by = {(s["method"], s["budget"]): s for s in summary}
-    methods = [f"posterior {m}" for m in models] + list(models) + \
-        ([f"broad {m}" for m in models] if include_broad else []) + list(references)
-    lines = _header(
-        "Posterior adaptation: broad anchors as a prior, few target anchors",
-        "Posterior anchor models adapted from broad anchors beat target-only models when target anchors are "
-        "scarce, and the advantage narrows as target coverage grows (paper §5.4, Fig. 5).",
-        data,
-        {"broad anchors": f"{names[0]} ({len(Bd)})", "target anchors": f"{names[1]} ({N}) → factor `{f}`",
-         "broad fits": ", ".join(f"{m} {v}" for m, v in prior_info.items()),
-         "temperature τ": tau, "draws": f"{n_draws} random target subsets per budget (the full set once), seed {seed}",
-         "runtime": f"{seconds:.1f} s"})
-    table_rows = []
-    for b in budgets:
-        vals = {m: by[(m, b)]["auprc"] for m in methods if (m, b) in by}
-        best = max(vals, key=vals.get) if vals else None
-        cells = []
-        for m in methods:
-            s = by.get((m, b))
-            txt = "—" if s is None else fmt_ci(s["auprc"], s["ci_low"], s["ci_high"])
-            cells.append(f"**{txt}**" if m == best else txt)
-        table_rows.append([b] + cells)
-    lines += ["## Mean AUPRC [95 % interval] (best per budget in bold)", "",
-              markdown_table(["budget"] + methods, table_rows), ""]
+    keys = ["method", "model", "kind", "budget", "draw"]
+    obs = obs.frame(keys)
+    rows = per_draw(obs, keys, [*keys, "auprc"])
+    by = ["method", "budget"]
+    mats = groups(broadcast(obs, "budget", budgets), by)
+    summary = summarize(mats, by, n_boot, seed)
+    effects = paired_effects(mats, [({"model": m, "budget": b, "comparison": f"posterior {m} - {other}"},
+                                     (f"posterior {m}", b), (other, b))
+                                    for m in models for b in budgets for other in (m, "softmax", f"broad {m}")],
+                             n_boot, seed)
     verdicts = []
     for m in models:
         es = [e for e in effects if e["model"] == m and e["comparison"] == f"posterior {m} - {m}"]
@@ -685,67 +534,49 @@ def adaptation(data: EvalData, broad: AnchorSet, target: AnchorSet, factor: str,
             continue
         first, last = es[0], es[-1]
         narrowing = "narrows" if abs(last["diff"]) < abs(first["diff"]) else "does not narrow"
-        text = (f"{m}: posterior − target-only at n = {first['budget']}: "
-                f"{fmt_ci(first['diff'], first['ci_low'], first['ci_high'], signed=True)} → "
-                f"{_verdict(first['ci_low'], first['ci_high'], first['diff'])}; at n = {last['budget']}: "
-                f"{fmt_ci(last['diff'], last['ci_low'], last['ci_high'], signed=True)} (gap {narrowing})")
+        text = (f"{m}: posterior − target-only at n = {first['budget']}: {ci_text(first, signed=True)} → "
+                f"{verdict(first)}; at n = {last['budget']}: {ci_text(last, signed=True)} (gap {narrowing})")
         vs_broad = [e for e in effects if e["model"] == m and e["comparison"] == f"posterior {m} - broad {m}"]
         if vs_broad:
             best = max(vs_broad, key=lambda e: e["diff"])
-            text += (f"; posterior − broad fit: at best {fmt_ci(best['diff'], best['ci_low'], best['ci_high'], signed=True)}"
-                     f" (n = {best['budget']})")
+            text += f"; posterior − broad fit: at best {ci_text(best, signed=True)} (n = {best['budget']})"
         verdicts.append(text)
-    result.config["verdicts"] = verdicts
-    lines += ["## Verdict", ""] + [f"- {v}" for v in verdicts] + [""]
-    lines += ["## Posterior minus other geometries (paired over draws and queries)", "",
-              markdown_table(["model", "budget", "comparison", "difference [95 %]", "verdict"],
-                             [[e["model"], e["budget"], e["comparison"],
-                               fmt_ci(e["diff"], e["ci_low"], e["ci_high"], signed=True), e["verdict"]]
-                              for e in effects]), ""]
+    seconds = timer()
+    prior_info = {m: {k: v for k, v in (("n_components", getattr(p, "n_components", None)),
+                                        ("k", getattr(p, "n_components_", None))) if v is not None}
+                  for m, p in priors.items()}
+    config = run_config("adaptation", data, seconds, verdicts, models=models, references=references, factor=f,
+                        broad={"name": names[0], "n": len(Bd)}, target={"name": names[1], "n": N}, budgets=budgets,
+                        n_draws=n_draws, tau=tau, model_params=params, priors=prior_info, seed=seed, n_boot=n_boot,
+                        include_broad=include_broad)
 
-    def plot(fig):
-        ax = fig.add_subplot(111)
-        for m in methods:
-            rs = [by[(m, b)] for b in budgets if (m, b) in by]
-            if not rs:
-                continue
-            base = m.split(" ")[-1]
-            style = "-" if m.startswith("posterior") else (":" if m in models or m in ("softmax", "iti") else "--")
-            if m.startswith("broad"):
-                ax.axhline(rs[0]["auprc"], color=_color(base), ls="-.", lw=0.9, alpha=0.6, label=m)
-                continue
-            _band(ax, [r["budget"] for r in rs], rs, m, _color(base), style)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("number of target anchors")
-        ax.set_ylabel(f"AUPRC ({f})")
-        ax.set_title("Posterior (solid) vs target-only (dotted); broad fit (dash-dot)", fontsize=10)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-        ax.grid(alpha=0.3)
-
-    return write_outputs(result, out_dir, "\n".join(lines), plot, figsize=(9.5, 5), columns={
-        "rows": ["method", "model", "kind", "budget", "draw", "auprc"],
-        "summary": ["method", "budget", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
-        "effects": ["model", "budget", "comparison", "diff", "ci_low", "ci_high", "verdict"]})
+    methods = [f"posterior {m}" for m in models] + list(models) + \
+        ([f"broad {m}" for m in models] if include_broad else []) + list(references)
+    report = Report(
+        "Posterior adaptation: broad anchors as a prior, few target anchors",
+        "Posterior anchor models adapted from broad anchors beat target-only models when target anchors are "
+        "scarce, and the advantage narrows as target coverage grows (paper §5.4, Fig. 5).",
+        {"broad anchors": f"{names[0]} ({len(Bd)})", "target anchors": f"{names[1]} ({N}) → factor `{f}`",
+         "broad fits": ", ".join(f"{m} {v}" for m, v in prior_info.items()),
+         "temperature τ": tau, "draws": f"{n_draws} random target subsets per budget (the full set once), seed {seed}",
+         "runtime": f"{seconds:.1f} s"},
+        [("Mean AUPRC [95 % interval] (best per budget in bold)", pivot_table(
+            summary, [(b, [b]) for b in budgets], [(m, m) for m in methods], lambda s: s["budget"],
+            lambda s: s["method"], ci_text, ["budget"], best="auprc")),
+         ("Verdict", bullets(verdicts)),
+         ("Posterior minus other geometries (paired over draws and queries)", long_table(effects, [
+             ("model", "model"), ("budget", "budget"), ("comparison", "comparison"), _DIFF, ("verdict", "verdict")]))],
+        LinePlot(x="budget", series=("method",), logx=2, xlabel="number of target anchors", ylabel=f"AUPRC ({f})",
+                 title="Posterior (solid) vs target-only (dotted); broad fit (dash-dot)", title_size=10,
+                 color=lambda s: color(s[0].split(" ")[-1]), flat=lambda s: s[0].startswith("broad"),
+                 order=[(m,) for m in methods],
+                 style=lambda s: "-" if s[0].startswith("posterior") else "-." if s[0].startswith("broad") else
+                 ":" if s[0] in models or s[0] in ("softmax", "iti") else "--", figsize=(9.5, 5)))
+    return _result("adaptation", obs, rows, summary, by, effects, ["model", "budget", "comparison", *EFFECT], config,
+                   seconds, report, out_dir, data)
 
 
 # =========================================================================== components
-def _entries(entries: Any, data: EvalData, what: str) -> list[tuple[str, AnchorSet, str]]:
-    """``[(name, AnchorSet, factor)]`` from a mapping name → (anchors, factor) or a list of triples."""
-    if isinstance(entries, Mapping):
-        items = [(k, *v) for k, v in entries.items()]
-    else:
-        items = list(entries or [])
-    if not items:
-        raise ValueError(f"{what} is empty; give at least one (name, anchors, factor).")
-    out = []
-    for item in items:
-        if len(item) != 3:
-            raise ValueError(f"each {what} entry must be (name, anchors, factor), got {item!r}.")
-        name, anchors, factor = item
-        out.append((str(name), check_anchor_set(anchors, data, f"{what}[{name!r}]"), data.check_factor(factor)))
-    return out
-
-
 @honours_progress
 def components(data: EvalData, anchor_sets: Any, *, n_components: Sequence[int] = (1, 2, 4, 8),
                n_draws: int = 3, references: Sequence[str] = ("softmax", "cosine"), tau: float | None = None,
@@ -777,37 +608,29 @@ def components(data: EvalData, anchor_sets: Any, *, n_components: Sequence[int] 
     Returns
     -------
     ProtocolResult
-        ``rows``: anchor_set, factor, model, n_components, draw, auprc; ``summary`` per
-        (anchor_set, model, n_components); ``effects``: GMM(M) − GMM(smallest M) per set.
+        ``observations``: anchor_set, factor, model, n_components, draw, query, ap
+        (n_components empty for the references); ``summary`` per (anchor_set, model,
+        n_components); ``effects``: GMM(M) − GMM(smallest M) per set.
     """
     timer = Timer()
     seed = check_seed(seed)
-    n_draws = check_positive_int(n_draws, "n_draws")
-    sets = _entries(anchor_sets, data, "anchor_sets")
-    Ms = sorted({check_positive_int(m, "n_components") for m in n_components})
+    n_draws = positive_int(n_draws, "n_draws")
+    sets = check_entries(anchor_sets, data, "anchor_sets")
+    Ms = sorted({positive_int(m, "n_components") for m in n_components})
     if not Ms:
         raise ValueError("n_components is empty.")
-    references = check_models(references, ("softmax", "gaussian", "latent_gaussian", "latent_spherical", "cosine",
-                                           "iti"), "reference")
+    references = check_models(references, [m for m in model_names() if m != "gmm"], "reference")
     tau = resolve_tau(tau, data, ["gmm"])
     base = {k: dict(v) for k, v in (model_params or {}).items()}
     base.setdefault("gmm", {})
     base["gmm"].pop("n_components", None)
 
-    groups: dict[tuple, list] = {}
-    rows: list[dict] = []
+    obs = Observations()
     skipped = []
-    total = sum(len(Ms) * n_draws + len(references) for _ in sets)
-    bar = progress_bar(total, "components", progress)
+    bar = progress_bar(sum(len(Ms) * n_draws + len(references) for _ in sets), "components", progress)
     for name, A, f in sets:
-        for ref in references:
-            res = _fit_score(ref, A, data, [f], tau, base, seed)
-            bar.update()
-            if res is None:
-                continue
-            groups[(name, ref, 0)] = [res[f]]
-            rows.append({"anchor_set": name, "factor": f, "model": ref, "n_components": "", "draw": 0,
-                         "auprc": float(np.nanmean(res[f]))})
+        _fit_models(obs, bar, references, A, data, f, tau, base, seed, anchor_set=name, factor=f, n_components=None,
+                    draw=0)
         for M in Ms:
             if M > len(A.support()):
                 skipped.append(f"{name}: M = {M} > {len(A.support())} anchors")
@@ -816,95 +639,67 @@ def components(data: EvalData, anchor_sets: Any, *, n_components: Sequence[int] 
             for r in range(n_draws):
                 p = {**base, "gmm": {**base["gmm"], "n_components": M, "seed": draw_seed(seed, M, r)}}
                 geometry = build_geometry("gmm", tau, len(A), data.dim, p, seed, clip=False).fit(A)
-                res = score(geometry, data, [f])[f]
                 bar.update()
-                groups.setdefault((name, "gmm", M), []).append(res)
-                rows.append({"anchor_set": name, "factor": f, "model": "gmm", "n_components": M, "draw": r,
-                             "auprc": float(np.nanmean(res))})
+                obs.add(score(geometry, data, [f])[f], data.queries, anchor_set=name, factor=f, model="gmm",
+                        n_components=M, draw=r)
     bar.close()
-    summary = summarize(groups, ["anchor_set", "model", "n_components"], n_boot, seed)
-    for s in summary:
-        if s["model"] != "gmm":
-            s["n_components"] = ""
-    effects = []
+    keys = ["anchor_set", "factor", "model", "n_components", "draw"]
+    obs = obs.frame(keys)
+    rows = per_draw(obs, keys, [*keys, "auprc"])
+    by = ["anchor_set", "model", "n_components"]
+    mats = groups(obs, by)
+    summary = summarize(mats, by, n_boot, seed)
+    comparisons = []
     for name, A, f in sets:
-        done = [M for M in Ms if (name, "gmm", M) in groups]
-        if len(done) < 2:
-            continue
-        for M in done[1:]:
-            e = paired_effect(groups[(name, "gmm", M)], groups[(name, "gmm", done[0])], n_boot, seed)
-            effects.append({"anchor_set": name, "factor": f, "n_components": M,
-                            "comparison": f"gmm(M={M}) - gmm(M={done[0]})", **e,
-                            "verdict": _verdict(e["ci_low"], e["ci_high"], e["diff"])})
-    seconds = timer()
-    config = _config("components", data, seconds, anchor_sets={n: {"n": len(A), "factor": f} for n, A, f in sets},
-                     n_components=Ms, n_draws=n_draws, references=references, tau=tau, model_params=base, seed=seed,
-                     n_boot=n_boot, skipped=skipped)
-    result = ProtocolResult("components", rows, summary, effects, config, seconds=seconds)
-
-    by = {(s["anchor_set"], s["model"], s["n_components"] if s["model"] == "gmm" else 0): s for s in summary}
-    lines = _header(
-        "Mixture complexity: AUPRC against the number of GMM components",
-        "The usefulness of more mixture components depends on the anchor set: it helps a heterogeneous anchor "
-        "distribution more than a narrow one (paper App. F.3, Fig. 7).",
-        data,
-        {"anchor sets": "; ".join(f"{n} ({len(A)} anchors → `{f}`)" for n, A, f in sets),
-         "temperature τ": tau, "draws": f"{n_draws} GMM initialisations per M, seed {seed}",
-         "skipped": "; ".join(skipped) or "none", "runtime": f"{seconds:.1f} s"})
-    head = ["anchor set"] + [f"M = {M}" for M in Ms] + list(references)
-    table_rows = []
-    for name, A, f in sets:
-        cells = []
-        for M in Ms:
-            s = by.get((name, "gmm", M))
-            cells.append("—" if s is None else fmt_ci(s["auprc"], s["ci_low"], s["ci_high"]))
-        for ref in references:
-            s = by.get((name, ref, 0))
-            cells.append("—" if s is None else f"{s['auprc']:.3f}")
-        table_rows.append([name] + cells)
-    lines += ["## Mean AUPRC [95 % interval]", "", markdown_table(head, table_rows), ""]
+        done = [M for M in Ms if (name, "gmm", M) in mats]
+        comparisons += [({"anchor_set": name, "factor": f, "n_components": M,
+                          "comparison": f"gmm(M={M}) - gmm(M={done[0]})"}, (name, "gmm", M), (name, "gmm", done[0]))
+                        for M in done[1:]]
+    effects = paired_effects(mats, comparisons, n_boot, seed)
     verdicts = []
     for name, A, f in sets:
         es = [e for e in effects if e["anchor_set"] == name]
         if es:
             best = max(es, key=lambda e: e["diff"])
             verdicts.append(f"{name}: largest gain over the smallest M is {best['comparison']} = "
-                            f"{fmt_ci(best['diff'], best['ci_low'], best['ci_high'], signed=True)}; at the largest M: "
-                            f"{fmt_ci(es[-1]['diff'], es[-1]['ci_low'], es[-1]['ci_high'], signed=True)}")
-    result.config["verdicts"] = verdicts
-    lines += ["## Verdict", ""] + [f"- {v}" for v in verdicts] + [""]
-    lines += ["## GMM(M) minus GMM(smallest M) (paired over initialisations and queries)", "",
-              markdown_table(["anchor set", "comparison", "difference [95 %]", "verdict"],
-                             [[e["anchor_set"], e["comparison"], fmt_ci(e["diff"], e["ci_low"], e["ci_high"],
-                                                                        signed=True), e["verdict"]] for e in effects]),
-              ""]
+                            f"{ci_text(best, signed=True)}; at the largest M: {ci_text(es[-1], signed=True)}")
+    seconds = timer()
+    config = run_config("components", data, seconds, verdicts,
+                        anchor_sets={n: {"n": len(A), "factor": f} for n, A, f in sets}, n_components=Ms,
+                        n_draws=n_draws, references=references, tau=tau, model_params=base, seed=seed, n_boot=n_boot,
+                        skipped=skipped)
 
-    def plot(fig):
-        n = len(sets)
-        for i, (name, A, f) in enumerate(sets):
-            ax = fig.add_subplot(1, n, i + 1)
-            rs = [by[(name, "gmm", M)] for M in Ms if (name, "gmm", M) in by]
-            if rs:
-                _band(ax, [r["n_components"] for r in rs], rs, "gmm", _color("gmm"))
-            for ref in references:
-                s = by.get((name, ref, 0))
-                if s is not None:
-                    ax.axhline(s["auprc"], color=_color(ref), ls="--", lw=1, label=ref)
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("GMM components M")
-            ax.set_ylabel(f"AUPRC ({f})")
-            ax.set_title(name, fontsize=9)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-
-    figsize = (max(5.0, 3.6 * len(sets)), 4.2)
-    return write_outputs(result, out_dir, "\n".join(lines), plot, figsize=figsize, columns={
-        "rows": ["anchor_set", "factor", "model", "n_components", "draw", "auprc"],
-        "summary": ["anchor_set", "model", "n_components", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
-        "effects": ["anchor_set", "factor", "n_components", "comparison", "diff", "ci_low", "ci_high", "verdict"]})
+    factor_of = {n: f for n, _, f in sets}
+    report = Report(
+        "Mixture complexity: AUPRC against the number of GMM components",
+        "The usefulness of more mixture components depends on the anchor set: it helps a heterogeneous anchor "
+        "distribution more than a narrow one (paper App. F.3, Fig. 7).",
+        {"anchor sets": "; ".join(f"{n} ({len(A)} anchors → `{f}`)" for n, A, f in sets),
+         "temperature τ": tau, "draws": f"{n_draws} GMM initialisations per M, seed {seed}",
+         "skipped": "; ".join(skipped) or "none", "runtime": f"{seconds:.1f} s"},
+        [("Mean AUPRC [95 % interval]", pivot_table(
+            summary, [(n, [n]) for n, _, _ in sets],
+            [(("gmm", M), f"M = {M}") for M in Ms] + [((ref, None), ref) for ref in references],
+            lambda s: s["anchor_set"], lambda s: (s["model"], s["n_components"]),
+            lambda s: ci_text(s) if s["model"] == "gmm" else f"{s['auprc']:.3f}", ["anchor set"])),
+         ("Verdict", bullets(verdicts)),
+         ("GMM(M) minus GMM(smallest M) (paired over initialisations and queries)", long_table(effects, [
+             ("anchor set", "anchor_set"), ("comparison", "comparison"), _DIFF, ("verdict", "verdict")]))],
+        LinePlot(x="n_components", series=("model",), facet="anchor_set", logx=2, xlabel="GMM components M",
+                 ylabel=lambda n: f"AUPRC ({factor_of[n]})", title=lambda n: n, title_size=9,
+                 flat=lambda s: s[0] != "gmm", style=lambda s: "-" if s[0] == "gmm" else "--", order=[("gmm",)],
+                 legend_outside=False, figsize=(max(5.0, 3.6 * len(sets)), 4.2)))
+    return _result("components", obs, rows, summary, by, effects,
+                   ["anchor_set", "factor", "n_components", "comparison", *EFFECT], config, seconds, report, out_dir,
+                   data)
 
 
 # ================================================================================ table
+def _class(diff: float) -> str:
+    """The class of a difference in Table 2: better (> TIE), tie, worse (< −TIE)."""
+    return "nan" if math.isnan(diff) else "better" if diff > TIE else "worse" if diff < -TIE else "tie"
+
+
 @honours_progress
 def table(data: EvalData, entries: Any, *, models: Sequence[str] = ("softmax",),
           baselines: Sequence[str] = BASELINES, per_value: bool | Sequence[Any] = False, n_draws: int = 1,
@@ -945,267 +740,183 @@ def table(data: EvalData, entries: Any, *, models: Sequence[str] = ("softmax",),
     Returns
     -------
     ProtocolResult
-        ``rows``: label, factor, model, draw, auprc (over all queries); ``summary``: label,
-        value, model, auprc with interval; ``effects``: label, value, model, baseline,
-        diff, ci_low, ci_high, and the class of the difference (> 0.005, within ±0.005,
-        < −0.005, as in Table 2).
+        ``observations``: label, factor, model, draw, query, ap; ``rows``: mean AP over
+        all queries per label, model and draw; ``summary``: label, value, model, auprc
+        with interval; ``effects``: label, factor, value, model, baseline, diff,
+        ci_low, ci_high, the class of the difference (> 0.005, within ±0.005, < −0.005,
+        as in Table 2) and n_queries.
     """
     timer = Timer()
     seed = check_seed(seed)
-    n_draws = check_positive_int(n_draws, "n_draws")
-    ents = _entries(entries, data, "entries")
+    n_draws = positive_int(n_draws, "n_draws")
+    ents = check_entries(entries, data, "entries")
     models = check_models(models, ANCHOR_MODELS, "anchor model")
     baselines = check_models(baselines, BASELINES, "baseline")
     if not models or not baselines:
         raise ValueError("table needs at least one model and one baseline.")
     tau = resolve_tau(tau, data, models)
 
-    per: dict[tuple, list] = {}
-    rows: list[dict] = []
+    obs = Observations()
     fitted = list(models) + [b for b in baselines if b != "cosine"]
     bar = progress_bar(len(ents) * (n_draws * len(fitted) + ("cosine" in baselines)), "table", progress)
     for name, A, f in ents:
-        if "cosine" in baselines:
-            per[(name, "cosine")] = [_fit_score("cosine", None, data, [f], tau, model_params, seed)[f]]
-            rows.append({"label": name, "factor": f, "model": "cosine", "draw": 0,
-                         "auprc": float(np.nanmean(per[(name, "cosine")][0]))})
-            bar.update()
+        _fit_models(obs, bar, [b for b in baselines if b == "cosine"], None, data, f, tau, model_params, seed,
+                    label=name, factor=f, draw=0)
         for r in range(n_draws):
             sub = subsample(A, anchor_fraction, draw_seed(seed, r)) if anchor_fraction != 1 else A
-            for m in fitted:
-                res = _fit_score(m, sub, data, [f], tau, model_params, draw_seed(seed, 1, r))
-                bar.update()
-                if res is None:
-                    continue
-                per.setdefault((name, m), []).append(res[f])
-                rows.append({"label": name, "factor": f, "model": m, "draw": r, "auprc": float(np.nanmean(res[f]))})
+            _fit_models(obs, bar, fitted, sub, data, f, tau, model_params, draw_seed(seed, 1, r), label=name,
+                        factor=f, draw=r)
     bar.close()
+    keys = ["label", "factor", "model", "draw"]
+    obs = obs.frame(keys)
+    rows = per_draw(obs, keys, [*keys, "auprc"])
 
-    q_labels = {f: data.labels[f][data.queries] for _, _, f in ents}
     subsets: list[tuple[str, str, str, np.ndarray]] = []  # (label, factor, value, query mask)
     for name, A, f in ents:
+        q_labels = data.labels[f][data.queries]
         if per_value is False:
             subsets.append((name, f, "all", np.ones(data.queries.size, bool)))
             continue
-        values = np.unique(q_labels[f]) if per_value is True else list(per_value)
-        for v in values:
-            mask = q_labels[f] == v
+        for v in (np.unique(q_labels) if per_value is True else list(per_value)):
+            mask = q_labels == v
             if not mask.any():
-                raise ValueError(f"no query has {f} = {v!r}; the values present are {np.unique(q_labels[f]).tolist()}.")
+                raise ValueError(f"no query has {f} = {v!r}; the values present are {np.unique(q_labels).tolist()}.")
             subsets.append((name, f, str(v), mask))
-
-    summary, effects = [], []
+    order = {m: i for i, m in enumerate(list(models) + list(baselines))}
+    parts = []
     for name, f, v, mask in subsets:
-        for m in list(models) + list(baselines):
-            if (name, m) not in per:
-                continue
-            mat = [x[mask] for x in per[(name, m)]]
-            summary += [{"label": name, "value": v, **s} for s in summarize({(m,): mat}, ["model"], n_boot, seed)]
-        for m in models:
-            if (name, m) not in per:
-                continue
-            for b in baselines:
-                if (name, b) not in per:
-                    continue
-                e = paired_effect([x[mask] for x in per[(name, m)]], [x[mask] for x in per[(name, b)]], n_boot, seed)
-                cls = "nan" if math.isnan(e["diff"]) else ("better" if e["diff"] > TIE else
-                                                           ("worse" if e["diff"] < -TIE else "tie"))
-                effects.append({"label": name, "factor": f, "value": v, "model": m, "baseline": b, **e,
-                                "class": cls, "n_queries": int(mask.sum())})
-    seconds = timer()
-    config = _config("table", data, seconds, entries={n: {"n": len(A), "factor": f} for n, A, f in ents},
-                     models=models, baselines=baselines, per_value=per_value if isinstance(per_value, bool)
-                     else list(per_value), n_draws=n_draws, anchor_fraction=anchor_fraction, tau=tau,
-                     model_params=model_params or {}, seed=seed, n_boot=n_boot)
-    result = ProtocolResult("table", rows, summary, effects, config, seconds=seconds)
+        part = obs[(obs["label"] == name).to_numpy() & np.isin(obs["query"].to_numpy(), data.queries[mask])]
+        parts.append(part.assign(value=v).sort_values("model", key=lambda s: s.map(order), kind="stable"))
+    by = ["label", "value", "model"]
+    import pandas as pd
 
-    lines = _header(
-        "Per-label AUPRC differences against the reference geometries",
-        "Label-specific anchors specialise retrieval beyond the reference geometries: anchor divergence minus "
-        "cosine and minus ITI is positive for most labels (paper Tables 2 and 3).",
-        data,
-        {"entries": "; ".join(f"{n} ({len(A)} anchors → `{f}`)" for n, A, f in ents),
-         "temperature τ": tau, "draws": f"{n_draws} anchor draws keeping {anchor_fraction:g} of each set, seed {seed}",
-         "runtime": f"{seconds:.1f} s"})
-
-    def cell(e):
-        txt = fmt_ci(e["diff"], e["ci_low"], e["ci_high"], signed=True)
-        return f"**{txt}**" if e["class"] == "better" else (f"_{txt}_ ↓" if e["class"] == "worse" else txt)
-
-    head = ["label", "value", "n queries"] + [f"{m} − {b}" for m in models for b in baselines]
-    idx = {(e["label"], e["value"], e["model"], e["baseline"]): e for e in effects}
-    trows = []
-    for name, f, v, mask in subsets:
-        trows.append([name, v, int(mask.sum())] + [cell(idx[(name, v, m, b)]) if (name, v, m, b) in idx else "—"
-                                                   for m in models for b in baselines])
-    lines += ["## AUPRC difference [95 % interval]", "",
-              f"Bold: > +{TIE}; plain: within ±{TIE}; italic with ↓: < −{TIE} (the classes of Table 2).", "",
-              markdown_table(head, trows), ""]
+    mats = groups(pd.concat(parts, ignore_index=True), by)
+    summary = summarize(mats, by, n_boot, seed)
+    effects = paired_effects(mats, [({"label": name, "factor": f, "value": v, "model": m, "baseline": b},
+                                     (name, v, m), (name, v, b))
+                                    for name, f, v, _ in subsets for m in models for b in baselines], n_boot, seed)
+    for e in effects:
+        e.update({"class": _class(e["diff"]), "n_queries": mats[(e["label"], e["value"], e["model"])].shape[1]})
     verdicts = []
     for m in models:
         for b in baselines:
             es = [e for e in effects if e["model"] == m and e["baseline"] == b and e["class"] != "nan"]
             if es:
-                mean = float(np.mean([e["diff"] for e in es]))
-                verdicts.append(f"{m} − {b}: better on {sum(e['class'] == 'better' for e in es)}, tie on "
-                                f"{sum(e['class'] == 'tie' for e in es)}, worse on "
-                                f"{sum(e['class'] == 'worse' for e in es)} of {len(es)} rows; "
-                                f"interval above 0 on {sum(e['ci_low'] > 0 for e in es)}; mean difference {mean:+.3f}")
-    result.config["verdicts"] = verdicts
-    lines += ["## Verdict", ""] + [f"- {v}" for v in verdicts] + [""]
-    lines += ["## AUPRC per label [95 % interval]", "",
-              markdown_table(["label", "value", "model", "AUPRC"],
-                             [[s["label"], s["value"], s["model"], fmt_ci(s["auprc"], s["ci_low"], s["ci_high"])]
-                              for s in summary]), ""]
+                n_cls = {c: sum(e["class"] == c for e in es) for c in ("better", "tie", "worse")}
+                verdicts.append(f"{m} − {b}: better on {n_cls['better']}, tie on {n_cls['tie']}, worse on "
+                                f"{n_cls['worse']} of {len(es)} rows; interval above 0 on "
+                                f"{sum(e['ci_low'] > 0 for e in es)}; mean difference "
+                                f"{float(np.mean([e['diff'] for e in es])):+.3f}")
+    seconds = timer()
+    config = run_config("table", data, seconds, verdicts, entries={n: {"n": len(A), "factor": f} for n, A, f in ents},
+                        models=models, baselines=baselines, per_value=per_value if isinstance(per_value, bool)
+                        else list(per_value), n_draws=n_draws, anchor_fraction=anchor_fraction, tau=tau,
+                        model_params=model_params or {}, seed=seed, n_boot=n_boot)
 
-    def plot(fig):
-        pairs = [(m, b) for m in models for b in baselines]
-        labels = [f"{n} · {v}" if v != "all" else n for n, _, v, _ in subsets]
-        ax = fig.add_subplot(111)
-        h = 0.8 / max(1, len(pairs))
-        for j, (m, b) in enumerate(pairs):
-            ys, xs, lo, hi = [], [], [], []
-            for i, (n, _, v, _) in enumerate(subsets):
-                e = idx.get((n, v, m, b))
-                if e is None or math.isnan(e["diff"]):
-                    continue
-                ys.append(i + (j - (len(pairs) - 1) / 2) * h)
-                xs.append(e["diff"])
-                lo.append(e["diff"] - e["ci_low"])
-                hi.append(e["ci_high"] - e["diff"])
-            ax.errorbar(xs, ys, xerr=[lo, hi], fmt="o" if b == "cosine" else "s", ms=3.5, capsize=2,
-                        color=_color(m), mfc=_color(m) if b == "cosine" else "white", label=f"{m} − {b}")
-        ax.axvline(0, color="k", lw=0.8)
-        ax.axvspan(-TIE, TIE, color="0.85", zorder=0)
-        ax.set_yticks(range(len(labels)))
-        ax.set_yticklabels(labels, fontsize=7)
-        ax.invert_yaxis()
-        ax.set_xlabel("AUPRC difference (positive favours the anchor model)")
-        ax.set_title("Per-label differences against the reference geometries")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-        ax.grid(alpha=0.3, axis="x")
+    def cell(e):
+        txt = ci_text(e, signed=True)
+        return f"**{txt}**" if e["class"] == "better" else (f"_{txt}_ ↓" if e["class"] == "worse" else txt)
 
-    figsize = (9.0, max(4.8, 1.5 + 0.28 * len(subsets)))
-    return write_outputs(result, out_dir, "\n".join(lines), plot, figsize=figsize, columns={
-        "rows": ["label", "factor", "model", "draw", "auprc"],
-        "summary": ["label", "value", "model", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
-        "effects": ["label", "factor", "value", "model", "baseline", "diff", "ci_low", "ci_high", "class",
-                    "n_queries"]})
+    pairs = [(m, b) for m in models for b in baselines]
+    legend = f"Bold: > +{TIE}; plain: within ±{TIE}; italic with ↓: < −{TIE} (the classes of Table 2)."
+    report = Report(
+        "Per-label AUPRC differences against the reference geometries",
+        "Label-specific anchors specialise retrieval beyond the reference geometries: anchor divergence minus "
+        "cosine and minus ITI is positive for most labels (paper Tables 2 and 3).",
+        {"entries": "; ".join(f"{n} ({len(A)} anchors → `{f}`)" for n, A, f in ents),
+         "temperature τ": tau, "draws": f"{n_draws} anchor draws keeping {anchor_fraction:g} of each set, seed {seed}",
+         "runtime": f"{seconds:.1f} s"},
+        [("AUPRC difference [95 % interval]", legend + "\n\n" + pivot_table(
+            effects, [((n, v), [n, v, int(mask.sum())]) for n, _, v, mask in subsets],
+            [(p, f"{p[0]} − {p[1]}") for p in pairs], lambda e: (e["label"], e["value"]),
+            lambda e: (e["model"], e["baseline"]), cell, ["label", "value", "n queries"])),
+         ("Verdict", bullets(verdicts)),
+         ("AUPRC per label [95 % interval]", long_table(summary, [
+             ("label", "label"), ("value", "value"), ("model", "model"), ("AUPRC", ci_text)]))],
+        EffectPlot(rows=[(n, v) for n, _, v, _ in subsets],
+                   row_labels=[f"{n} · {v}" if v != "all" else n for n, _, v, _ in subsets],
+                   row_of=lambda e: (e["label"], e["value"]), series=pairs,
+                   series_of=lambda e: (e["model"], e["baseline"]), label=lambda s: f"{s[0]} − {s[1]}",
+                   hollow=lambda s: s[1] != "cosine", xlabel="AUPRC difference (positive favours the anchor model)",
+                   title="Per-label differences against the reference geometries",
+                   figsize=(9.0, max(4.8, 1.5 + 0.28 * len(subsets)))))
+    return _result("table", obs, rows, summary, by, effects,
+                   ["label", "factor", "value", "model", "baseline", "diff", "ci_low", "ci_high", "class",
+                    "n_queries"], config, seconds, report, out_dir, data)
 
 
 # ============================================================================== runtime
 RUNTIME_MODELS = ("cosine", "softmax", "gaussian", "latent_gaussian", "latent_spherical")
-
-
-def find_benchmarks(bench_dir: Any = None) -> Path:
-    """The folder holding ``bench_scaling.py``: ``bench_dir``, else ``benchmarks/`` of the checkout or cwd."""
-    if bench_dir is not None:
-        path = Path(bench_dir)
-        if not (path / "bench_scaling.py").is_file():
-            raise FileNotFoundError(f"{path} holds no bench_scaling.py; pass the repository's benchmarks/ folder.")
-        return path
-    here = Path(__file__).resolve()
-    for cand in [p / "benchmarks" for p in here.parents] + [Path.cwd() / "benchmarks"]:
-        if (cand / "bench_scaling.py").is_file():
-            return cand
-    raise FileNotFoundError(
-        "the runtime protocol runs benchmarks/bench_scaling.py of the anchordiv source checkout, which was not "
-        "found; pass bench_dir= (or --bench-dir) pointing at that folder.")
-
-
-def load_benchmark(bench_dir: Any = None) -> Any:
-    """Import ``bench_scaling`` (the Table 4 benchmark) from the benchmarks folder."""
-    path = find_benchmarks(bench_dir)
-    added = str(path) not in sys.path
-    if added:
-        sys.path.insert(0, str(path))
-    try:
-        module = importlib.import_module("bench_scaling")
-        if Path(getattr(module, "__file__", "")).resolve().parent != path.resolve():
-            module = importlib.reload(module)
-    finally:
-        if added:
-            sys.path.remove(str(path))
-    if not callable(getattr(module, "worker", None)):
-        raise RuntimeError(f"{path / 'bench_scaling.py'} has no worker(model, n_anchors, n_q, n_g, repeats) function.")
-    return module
+_TIMES = ["model", "n_anchors", "n_queries", "n_gallery", "seconds", "fit_s", "search_s", "samples"]
 
 
 @honours_progress
 def runtime(*, models: Sequence[str] = RUNTIME_MODELS, n_anchors: Sequence[int] = (256, 1024, 4096),
-            n_queries: int = 200, n_gallery: int = 2000, repeats: int = 2, bench_dir: Any = None,
-            out_dir: Any = None, progress: bool | None = None) -> ProtocolResult:
+            n_queries: int = 200, n_gallery: int = 2000, repeats: int = 2, out_dir: Any = None,
+            progress: bool | None = None) -> ProtocolResult:
     """Fit + search time against the number of anchors (paper App. F.4, Table 4).
 
-    Runs the repository's Table 4 benchmark (``benchmarks/bench_scaling.py``, its
-    ``worker``) in this process for every model and anchor count: it draws seeded
-    unit vectors (d = 512) for the anchors, queries and gallery, then times
+    For every model and anchor count N, :func:`anchordiv.experiments.timing.worker`
+    draws seeded unit vectors (d = 512) for the anchors, queries and gallery, then times
     ``model.fit(anchors)`` followed by ``model.search(queries, gallery, k=10)`` (one
-    warm-up, then the median of ``repeats`` calls). The paper's claim: softmax time grows
-    with the number of anchors while the Gaussian model stays nearly flat once fitted.
+    warm-up, then the median of ``repeats`` calls), in this process. The paper's claim:
+    softmax time grows with the number of anchors while the Gaussian model stays nearly
+    flat once fitted.
 
     Parameters
     ----------
     models : sequence of str, optional
-        Registry names (the benchmark's parameters: τ = 0.01, GMM with 8 components).
+        Registry names (τ = 0.01, GMM with 8 components: :mod:`~anchordiv.experiments.timing`).
     n_anchors : sequence of int, optional
         Anchor counts N.
     n_queries, n_gallery : int, optional
         Queries and gallery size (paper: 10,000 and 50,000 on an H100).
     repeats : int, optional
         Timed calls after the warm-up.
-    bench_dir : path, optional
-        The ``benchmarks/`` folder (found next to the source checkout by default).
     out_dir, progress
         As in :func:`coordinate`.
 
     Returns
     -------
     ProtocolResult
-        ``rows``: model, n_anchors, n_queries, n_gallery, seconds, fit_s, search_s,
-        samples; ``summary`` adds the ratio to cosine; ``effects``: per model the time
-        at the largest N over the time at the smallest.
+        ``observations`` and ``rows``: model, n_anchors, n_queries, n_gallery, seconds,
+        fit_s, search_s, samples; ``summary`` adds the ratio to cosine; ``effects``: per
+        model the time at the largest N over the time at the smallest.
     """
+    from . import timing
+
     timer = Timer()
     models = check_models(models)
-    Ns = sorted({check_positive_int(n, "n_anchors") for n in n_anchors})
-    n_queries = check_positive_int(n_queries, "n_queries")
-    n_gallery = check_positive_int(n_gallery, "n_gallery")
-    repeats = check_positive_int(repeats, "repeats")
+    Ns = sorted({positive_int(n, "n_anchors") for n in n_anchors})
+    n_queries = positive_int(n_queries, "n_queries")
+    n_gallery = positive_int(n_gallery, "n_gallery")
+    repeats = positive_int(repeats, "repeats")
     if not Ns or not models:
         raise ValueError("runtime needs at least one model and one anchor count.")
     if n_gallery < 10:
         raise ValueError("n_gallery must be at least 10 (the benchmark searches the top 10).")
-    bench = load_benchmark(bench_dir)
-    rows = []
+    times = []
     bar = progress_bar(len(Ns) * len(models), "runtime", progress)
     for N in Ns:
         for m in models:
-            out = bench.worker(m, N, n_queries, n_gallery, repeats)
+            out = timing.worker(m, N, n_queries, n_gallery, repeats)
             bar.update()
-            rows.append({"model": m, "n_anchors": N, "n_queries": n_queries, "n_gallery": n_gallery,
-                         "seconds": float(out["seconds"]), "fit_s": float(out.get("fit_s", float("nan"))),
-                         "search_s": float(out.get("search_s", float("nan"))),
-                         "samples": len(out.get("samples", []))})
+            times.append({"model": m, "n_anchors": N, "n_queries": n_queries, "n_gallery": n_gallery,
+                          "seconds": float(out["seconds"]), "fit_s": float(out["fit_s"]),
+                          "search_s": float(out["search_s"]), "samples": len(out["samples"])})
     bar.close()
-    cos = {r["n_anchors"]: r["seconds"] for r in rows if r["model"] == "cosine"}
-    summary = [{**r, "ratio_to_cosine": (r["seconds"] / cos[r["n_anchors"]]) if r["n_anchors"] in cos else float("nan")}
-               for r in rows]
+    cos = {r["n_anchors"]: r["seconds"] for r in times if r["model"] == "cosine"}
+    summary = [{**r, "ratio_to_cosine": r["seconds"] / cos[r["n_anchors"]] if r["n_anchors"] in cos else float("nan")}
+               for r in times]
     effects = []
     for m in models:
-        t = {r["n_anchors"]: r for r in rows if r["model"] == m}
+        t = {r["n_anchors"]: r for r in times if r["model"] == m}
         if len(t) >= 2:
             small, large = t[Ns[0]], t[Ns[-1]]
             effects.append({"model": m, "n_small": Ns[0], "n_large": Ns[-1], "seconds_small": small["seconds"],
                             "seconds_large": large["seconds"], "growth": large["seconds"] / small["seconds"],
                             "fit_growth": large["fit_s"] / small["fit_s"] if small["fit_s"] > 0 else float("nan"),
                             "search_growth": large["search_s"] / small["search_s"]})
-    seconds = timer()
-    config = _config("runtime", None, seconds, models=models, n_anchors=Ns, n_queries=n_queries, n_gallery=n_gallery,
-                     repeats=repeats, benchmark="/".join(Path(bench.__file__).resolve().parts[-2:]),
-                     benchmark_params={m: getattr(bench, "bl", None) and bench.bl.MODEL_PARAMS.get(m) for m in models},
-                     dim=getattr(getattr(bench, "bl", None), "DIM", None))
-    result = ProtocolResult("runtime", rows, summary, effects, config, seconds=seconds)
     growth = {e["model"]: e for e in effects}
     verdicts = []
     if "softmax" in growth and "gaussian" in growth:
@@ -1214,47 +925,35 @@ def runtime(*, models: Sequence[str] = RUNTIME_MODELS, n_anchors: Sequence[int] 
                         f"{ga['growth']:.2f} for gaussian (search alone × {sm['search_growth']:.2f} and × "
                         f"{ga['search_growth']:.2f}) → " + ("holds (softmax grows faster)" if sm["growth"] >
                                                             ga["growth"] else "does not hold"))
-    result.config["verdicts"] = verdicts
-    lines = _header(
+    seconds = timer()
+    config = run_config("runtime", None, seconds, verdicts, models=models, n_anchors=Ns, n_queries=n_queries,
+                        n_gallery=n_gallery, repeats=repeats, benchmark="anchordiv.experiments.timing.worker",
+                        benchmark_params={m: timing.params(m) for m in models}, dim=timing.DIM)
+    report = Report(
         "Runtime against the number of anchors",
         "Softmax runtime grows with the anchor-set size, while the Gaussian anchor divergence stays nearly "
         "constant once the anchor distribution is fitted (paper App. F.4, Table 4).",
-        None,
-        {"benchmark": "benchmarks/bench_scaling.py (worker), synthetic unit vectors, d = "
-                      f"{config['dim']}, top-10 exact search", "sizes": f"{n_queries} queries, {n_gallery} gallery",
-         "timing": f"one warm-up, then the median of {repeats} calls of fit + search", "runtime": f"{seconds:.1f} s"})
-    head = ["model"] + [f"N = {N}" for N in Ns]
-    by = {(r["model"], r["n_anchors"]): r for r in summary}
-    lines += ["## Fit + search time in seconds (ratio to cosine)", "",
-              markdown_table(head, [[m] + [f"{by[(m, N)]['seconds']:.3g} ({by[(m, N)]['ratio_to_cosine']:.2f}×)"
-                                           if (m, N) in by else "—" for N in Ns] for m in models]), "",
-              "## Verdict", ""] + [f"- {v}" for v in verdicts] + [
-              "", "## Growth from the smallest to the largest N", "",
-              markdown_table(["model", "seconds (small N)", "seconds (large N)", "growth", "fit growth",
-                              "search growth"],
-                             [[e["model"], f"{e['seconds_small']:.3g}", f"{e['seconds_large']:.3g}",
-                               f"{e['growth']:.2f}×", f"{e['fit_growth']:.2f}×", f"{e['search_growth']:.2f}×"]
-                              for e in effects]), ""]
-
-    def plot(fig):
-        ax = fig.add_subplot(111)
-        for m in models:
-            xs = [N for N in Ns if (m, N) in by]
-            ax.plot(xs, [by[(m, N)]["seconds"] for N in xs], "o-", color=_color(m), label=m, ms=3.5)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("number of anchors N")
-        ax.set_ylabel("fit + search time (s)")
-        ax.set_title(f"Runtime, {n_queries} queries × {n_gallery} gallery")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3, which="both")
-
-    return write_outputs(result, out_dir, "\n".join(lines), plot, columns={
-        "rows": ["model", "n_anchors", "n_queries", "n_gallery", "seconds", "fit_s", "search_s", "samples"],
-        "summary": ["model", "n_anchors", "n_queries", "n_gallery", "seconds", "fit_s", "search_s", "samples",
-                    "ratio_to_cosine"],
-        "effects": ["model", "n_small", "n_large", "seconds_small", "seconds_large", "growth", "fit_growth",
-                    "search_growth"]})
+        {"benchmark": "anchordiv.experiments.timing (worker; the data of benchmarks/bench_scaling.py), synthetic "
+                      f"unit vectors, d = {timing.DIM}, top-10 exact search",
+         "sizes": f"{n_queries} queries, {n_gallery} gallery",
+         "timing": f"one warm-up, then the median of {repeats} calls of fit + search", "runtime": f"{seconds:.1f} s"},
+        [("Fit + search time in seconds (ratio to cosine)", pivot_table(
+            summary, [(m, [m]) for m in models], [(N, f"N = {N}") for N in Ns], lambda r: r["model"],
+            lambda r: r["n_anchors"], lambda r: f"{r['seconds']:.3g} ({r['ratio_to_cosine']:.2f}×)", ["model"])),
+         ("Verdict", bullets(verdicts)),
+         ("Growth from the smallest to the largest N", long_table(effects, [
+             ("model", "model"), ("seconds (small N)", lambda e: f"{e['seconds_small']:.3g}"),
+             ("seconds (large N)", lambda e: f"{e['seconds_large']:.3g}"), ("growth", lambda e: f"{e['growth']:.2f}×"),
+             ("fit growth", lambda e: f"{e['fit_growth']:.2f}×"),
+             ("search growth", lambda e: f"{e['search_growth']:.2f}×")]))],
+        LinePlot(x="n_anchors", y="seconds", series=("model",), band=False, logx=2, logy=True,
+                 xlabel="number of anchors N", ylabel="fit + search time (s)",
+                 title=f"Runtime, {n_queries} queries × {n_gallery} gallery", legend_outside=False, legend_size=8))
+    frame = tidy(times, _TIMES)
+    res = ProtocolResult("runtime", frame, frame, tidy(summary, [*_TIMES, "ratio_to_cosine"]),
+                         tidy(effects, ["model", "n_small", "n_large", "seconds_small", "seconds_large", "growth",
+                                        "fit_growth", "search_growth"]), config, seconds=seconds)
+    return write_outputs(res, report, out_dir)
 
 
 # ============================================================================= registry

@@ -8,6 +8,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .._util import require
 from ._common import (DEFAULT_MEMORY_BUDGET, Backend, margin_value, positive_int, query_blocks, rerank,
                       shortlist_size, warn_missing)
 from ._layout import VectorLayout
@@ -17,13 +18,7 @@ INDEX_TYPES = ("flat", "hnsw", "ivf")
 
 def import_faiss():
     """The ``faiss`` module, or an ``ImportError`` that says what to install."""
-    try:
-        import faiss
-    except ImportError as exc:
-        raise ImportError(
-            "The 'faiss' backend needs the faiss package: pip install faiss-cpu"
-        ) from exc
-    return faiss
+    return require("faiss", "faiss-cpu", "The 'faiss' backend")
 
 
 def _index_type(value) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .._util import require
 from ..models import registry
 from ..models.base import EuclideanModel
 from ._common import (DEFAULT_MEMORY_BUDGET, Backend, margin_value, positive_int, query_blocks, rerank,
@@ -39,21 +40,9 @@ _MASK = (1 << 64) - 1
 
 def import_pymilvus(lite: bool):
     """The ``pymilvus`` module (and milvus-lite for local files), or an ``ImportError`` saying what to install."""
-    try:
-        import pymilvus
-    except ImportError as exc:
-        raise ImportError(
-            "The 'milvus' backend needs pymilvus: pip install pymilvus "
-            "(and pip install milvus-lite for a local .db file)"
-        ) from exc
+    pymilvus = require("pymilvus", "pymilvus milvus-lite" if lite else "pymilvus", "The 'milvus' backend")
     if lite:
-        try:
-            import milvus_lite  # noqa: F401
-        except ImportError as exc:
-            raise ImportError(
-                "A local .db uri runs milvus-lite, which is not installed: pip install milvus-lite "
-                "(or pip install 'pymilvus[milvus_lite]')"
-            ) from exc
+        require("milvus_lite", "milvus-lite", "A local .db uri (run by milvus-lite)")
     return pymilvus
 
 

@@ -6,15 +6,14 @@ back with ``torch.load(weights_only=True)``, so loading a file never runs code f
 
 from __future__ import annotations
 
-import errno
-import glob
+import dataclasses
 import os
-import tempfile
 from typing import Any
 
 import numpy as np
 import torch
 
+from .._util import atomic_write
 from ..models import model_name, registry
 from ..models.base import Geometry
 
@@ -23,10 +22,25 @@ VERSION = 1
 
 
 # ------------------------------------------------------------------- geometry
+def _records() -> dict[str, type]:
+    """The plain-data records a model may hold (posterior distributions), by name.
+
+    A file names a record by one of these names only; nothing else is ever built from it.
+    """
+    from ..models.posterior import MatrixBingham, NormalInverseWishart
+
+    return {"NormalInverseWishart": NormalInverseWishart, "MatrixBingham": MatrixBingham}
+
+
 def _plain(value: Any, where: str) -> Any:
     """``value`` as data that ``torch.load(weights_only=True)`` reads, or a ``ValueError``."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if isinstance(value, Geometry):  # a posterior model's prior_
+        return {"__geometry__": geometry_to_dict(value)}
+    if type(value).__name__ in _records() and type(value) is _records()[type(value).__name__]:
+        fields = {f.name: _plain(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value)}
+        return {"__record__": type(value).__name__, "fields": fields}
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, torch.Tensor):
@@ -43,17 +57,27 @@ def _plain(value: Any, where: str) -> Any:
     raise ValueError(f"Cannot save {where} of type {type(value).__name__}; an index file holds tensors, numbers and strings.")
 
 
-def _unplain(value: Any, device: torch.device) -> Any:
+def _unplain(value: Any, device: torch.device, source: str) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, list):
-        return [_unplain(v, device) for v in value]
+        return [_unplain(v, device, source) for v in value]
     if isinstance(value, dict):
         if set(value) == {"__device__"}:
             return device
         if set(value) == {"__tuple__"}:
-            return tuple(_unplain(v, device) for v in value["__tuple__"])
-        return {k: _unplain(v, device) for k, v in value.items()}
+            return tuple(_unplain(v, device, source) for v in value["__tuple__"])
+        if set(value) == {"__geometry__"}:
+            return geometry_from_dict(value["__geometry__"], device, source)
+        if set(value) == {"__record__", "fields"}:
+            record = _records().get(value["__record__"])
+            if record is None or not isinstance(value["fields"], dict):
+                raise ValueError(f"{source!r} is corrupt: it holds an unknown record {value['__record__']!r}.")
+            try:
+                return record(**_unplain(value["fields"], device, source))
+            except TypeError:
+                raise ValueError(f"{source!r} is corrupt: its {value['__record__']} record is malformed.") from None
+        return {k: _unplain(v, device, source) for k, v in value.items()}
     return value
 
 
@@ -101,12 +125,12 @@ def geometry_from_dict(data: dict, device: torch.device, source: str) -> Geometr
     cls = table[name]
     if not isinstance(params, dict) or not isinstance(state, dict):
         raise ValueError(f"{source!r} is corrupt: its model parameters or state are malformed.")
-    params = _unplain(params, device)
+    params = _unplain(params, device, source)
     try:
         model = cls(**params)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{source!r}: cannot rebuild {cls.__name__} from its saved parameters ({exc}).") from None
-    model.__dict__.update(_unplain(state, device))
+    model.__dict__.update(_unplain(state, device, source))
     if "device_" in model.__dict__:
         model.device_ = device
     model.__dict__.pop("_cast_cache", None)
@@ -114,101 +138,20 @@ def geometry_from_dict(data: dict, device: torch.device, source: str) -> Geometr
 
 
 # ------------------------------------------------------------------ files
-#: Errors of a full disk or quota.
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
-
-
-def _temp_prefix(path: str) -> str:
-    return f".{os.path.basename(path)}."
-
-
-def _remove_stale_temporaries(path: str) -> list[str]:
-    """Remove the temporaries of earlier saves of ``path`` whose writing process has ended.
-
-    A temporary is named ``.NAME.PID.RANDOM.tmp`` beside ``NAME``; one whose PID no longer
-    runs is left over from a save that was killed and is safe to delete.
-    """
-    removed = []
-    folder = os.path.dirname(os.path.abspath(path))
-    for tmp in glob.glob(os.path.join(glob.escape(folder), glob.escape(_temp_prefix(path)) + "*.tmp")):
-        pid = os.path.basename(tmp)[len(_temp_prefix(path)):].split(".", 1)[0]
-        if not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # a live process (possibly another save in progress)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        try:
-            os.unlink(tmp)
-            removed.append(tmp)
-        except FileNotFoundError:
-            pass
-    return removed
-
-
 def atomic_save(payload: dict, path: str | os.PathLike) -> None:
     """Write ``payload`` to ``path`` through a temporary file in the same folder.
 
     The file at ``path`` is replaced only once the new one is completely written and
     synced, so a failure leaves the previous file as it was. The temporary is
     ``.NAME.PID.RANDOM.tmp``; temporaries of killed saves (their PID has ended) are removed
-    by the next save of the same path, and can always be deleted by hand.
+    by the next save of the same path, and can always be deleted by hand
+    (:func:`anchordiv._util.atomic_write`).
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"Cannot save the index to {path!r}: folder {folder!r} does not exist.")
-    _remove_stale_temporaries(path)
-    fd, tmp = tempfile.mkstemp(prefix=f"{_temp_prefix(path)}{os.getpid()}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            mode = os.stat(path).st_mode & 0o777
-        except FileNotFoundError:
-            mode = 0o644
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if _is_no_space(exc):
-            raise OSError(
-                errno.ENOSPC,
-                f"Cannot save the index to {path!r}: no space left on the device of {folder!r}; "
-                "free some space or save to another disk (the previous file, if any, is unchanged)",
-            ) from None
-        raise
-    try:  # make the rename itself durable where the platform allows it
-        dir_fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-
-
-def _is_no_space(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) is a full disk; torch reports one as a RuntimeError."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
-            return True
-        if isinstance(exc, RuntimeError) and ("No space left" in str(exc) or "file write failed" in str(exc)):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    atomic_write(path, lambda f: torch.save(payload, f), advice="save the index to another disk")
 
 
 def read_payload(path: str | os.PathLike) -> dict:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .base import AnchorModel, Geometry, NotFittedError
+from typing import Any, Sequence
+
+from .base import AnchorModel, Geometry, NotFittedError, Tags, temperature
 from .gaussian import Gaussian
 from .latent import LatentGaussian, LatentSpherical
 from .mixture import GaussianMixture
@@ -57,9 +59,37 @@ def register_model(name: str, cls: type) -> type:
     return cls
 
 
+def model_names(**tags: bool) -> tuple[str, ...]:
+    """Registry names whose :class:`Tags` match, e.g. ``model_names(takes_temperature=True)``."""
+    unknown = set(tags) - set(Tags.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"Unknown tag(s) {sorted(unknown)}; tags are {', '.join(Tags.__dataclass_fields__)}.")
+    return tuple(n for n, c in registry().items() if all(getattr(c.tags(), t) == v for t, v in tags.items()))
+
+
 def model_name(cls: type) -> str | None:
     """The registry name of geometry class ``cls``, or None when it is not registered."""
     return next((n for n, c in registry().items() if c is cls), None)
+
+
+def default_tau(models: Sequence[str], tau: Any = None, *fallbacks: Any) -> float | None:
+    """The temperature for ``models``: ``tau``, else the first fallback that is not None.
+
+    A fallback is a value (a collection's recorded τ) or a zero-argument callable (an
+    encoder's τ, read only when needed). Returns None when no model takes a temperature;
+    raises a ``ValueError`` when one does and none is known.
+    """
+    takes = [m for m in models if m in model_names(takes_temperature=True)]
+    if not takes:
+        return None
+    for value in (tau, *fallbacks):
+        value = value() if callable(value) else value
+        if value is not None:
+            return temperature(value)
+    raise ValueError(
+        f"{', '.join(takes)} need{'s' if len(takes) == 1 else ''} a temperature: pass tau (--tau), "
+        "or use a collection or encoder that records one."
+    )
 
 
 def make_model(name: str, **params) -> Geometry:
@@ -83,5 +113,6 @@ def make_model(name: str, **params) -> Geometry:
 
 __all__ = [
     "AnchorModel", "Geometry", "NotFittedError", "Softmax", "Gaussian", "GaussianMixture",
-    "LatentGaussian", "LatentSpherical", "MODELS", "registry", "register_model", "model_name", "make_model",
+    "LatentGaussian", "LatentSpherical", "MODELS", "Tags", "registry", "register_model", "model_name",
+    "model_names", "make_model", "default_tau", "temperature",
 ]

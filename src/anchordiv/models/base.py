@@ -19,10 +19,12 @@ A model states only its natural-parameter map η(λ), κ, ∇κ and its fit.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
+
 from .._backend import Kind, as_tensor, check_dim, row_chunks
 from .._progress import progress_bar
 from ..anchors import AnchorSet
@@ -31,8 +33,59 @@ from ..anchors import AnchorSet
 PROGRESS_FLOPS = 5e10
 
 
+def temperature(tau: Any = None, logit_scale: Any = None) -> float:
+    """τ from exactly one of ``tau`` and ``logit_scale`` (τ = 1/logit_scale), checked finite and > 0."""
+    if (tau is None) == (logit_scale is None):
+        raise ValueError(
+            "Give exactly one of tau= or logit_scale= (τ = 1/logit_scale), "
+            f"got tau={tau!r}, logit_scale={logit_scale!r}."
+        )
+    name, value = ("tau", tau) if tau is not None else ("logit_scale", logit_scale)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a positive number, got {value!r}.") from None
+    if isinstance(tau if name == "tau" else logit_scale, bool) or not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
+    return value if name == "tau" else 1.0 / value
+
+
+def prepare_anchors(anchors: Any, model: str, needed: int = 1) -> AnchorSet:
+    """The fit prologue of every geometry fitted on anchors: an :class:`AnchorSet` of the
+    anchors with positive weight, at least ``needed`` of them."""
+    if not isinstance(anchors, AnchorSet):
+        anchors = AnchorSet(anchors)
+    anchors = anchors.support()
+    if len(anchors) < needed:
+        raise ValueError(
+            f"{model} needs at least {needed} anchors with positive weight, "
+            f"got {len(anchors)}; add anchors or use another model."
+        )
+    return anchors
+
+
 class NotFittedError(RuntimeError):
     """Raised when a model is used before ``fit``."""
+
+
+@dataclass(frozen=True)
+class Tags:
+    """What a geometry is, read by generic code (CLI choices, experiment model sets, checks).
+
+    Classes state their tags with the class method ``tags()``, each refining its parent's,
+    in the manner of scikit-learn's estimator tags.
+    """
+
+    #: An anchor-distribution model (a CGF κ), rather than a baseline.
+    anchor_model: bool = False
+    #: ``fit`` needs anchors.
+    needs_anchors: bool = False
+    #: Takes ``tau=`` / ``logit_scale=``.
+    takes_temperature: bool = False
+    #: ``fit(target, prior=broad)`` is a posterior update (paper §4).
+    accepts_prior: bool = False
+    #: The divergence is a squared Euclidean distance of an embedding.
+    euclidean: bool = False
 
 
 class Geometry:
@@ -51,6 +104,11 @@ class Geometry:
 
     #: Rows processed per chunk when computing per-vector statistics.
     batch_size: int = 4096
+
+    @classmethod
+    def tags(cls) -> Tags:
+        """The capabilities of this class (see :class:`Tags`)."""
+        return Tags()
 
     # ------------------------------------------------------------ subclass API
     def _query_terms(self, Q: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,61 +259,44 @@ class AnchorModel(Geometry):
     #: Smallest number of anchors the fit needs.
     min_anchors: int = 1
 
-    def __init__(self, tau: float | None = None, logit_scale: float | None = None):
+    @classmethod
+    def tags(cls) -> Tags:
+        return replace(super().tags(), anchor_model=True, needs_anchors=True, takes_temperature=True)
+
+    def __init__(self, *, tau: float | None = None, logit_scale: float | None = None):
         self.tau = tau
         self.logit_scale = logit_scale
 
     # ---------------------------------------------------------------- fitting
     def _resolve_tau(self) -> float:
-        if (self.tau is None) == (self.logit_scale is None):
-            raise ValueError(
-                "Give exactly one of tau= or logit_scale= (τ = 1/logit_scale), "
-                f"got tau={self.tau!r}, logit_scale={self.logit_scale!r}."
-            )
-        name, value = ("tau", self.tau) if self.tau is not None else ("logit_scale", self.logit_scale)
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name} must be a positive number, got {value!r}.") from None
-        if not np.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
-        return value if name == "tau" else 1.0 / value
+        return temperature(self.tau, self.logit_scale)
+
+    #: Completes the error message when a model without a posterior update is given a prior.
+    _no_prior_hint: str = ""
 
     def fit(self, anchors: Any, prior: Any = None) -> "AnchorModel":
         """Fit the anchor distribution to ``anchors`` (an :class:`AnchorSet` or an (N, d) array).
 
-        With ``prior``, ``anchors`` are the target anchors of a posterior anchor model
-        (paper §4, App. D): ``prior`` is a broad :class:`AnchorSet` or (N, d) array, fitted
-        with a clone of this model's parameters, or an already fitted model of the same
-        class. The broad fit sets the prior, the target anchors update it, and the
-        posterior summary becomes this model's fitted parameters; ``prior_`` holds the
-        broad model. Each model documents its update. Returns self.
+        Models with a posterior update (``tags().accepts_prior``) also take ``prior``; see
+        :class:`anchordiv.models.posterior.PosteriorMixin`. Returns self.
         """
-        tau = self._resolve_tau()
-        if not isinstance(anchors, AnchorSet):
-            anchors = AnchorSet(anchors)
-        anchors = anchors.support()
-        if prior is None:
-            if len(anchors) < self.min_anchors:
-                raise ValueError(
-                    f"{type(self).__name__} needs at least {self.min_anchors} anchors with positive weight, "
-                    f"got {len(anchors)}; add anchors or use another model."
-                )
-        else:
-            from .posterior import resolve_prior
+        if prior is not None:
+            raise ValueError(f"{type(self).__name__} takes no prior.{self._no_prior_hint}")
+        anchors = self._begin_fit(anchors, self.min_anchors)
+        self._fit(anchors)
+        return self._end_fit(anchors)
 
-            prior = resolve_prior(self, prior, anchors)
+    def _begin_fit(self, anchors: Any, needed: int) -> AnchorSet:
+        """The shared prologue: the temperature, the anchors, cleared caches."""
+        tau = self._resolve_tau()
+        anchors = prepare_anchors(anchors, type(self).__name__, needed)
         self._reset_cache()
-        for name in getattr(self, "_posterior_attributes", ()):
-            self.__dict__.pop(name, None)
         self.tau_ = tau
         self.n_anchors_ = len(anchors)
         self.device_ = anchors.device
-        if prior is None:
-            self._fit(anchors)
-        else:
-            self._fit_posterior(anchors, prior)
-            self.prior_ = prior
+        return anchors
+
+    def _end_fit(self, anchors: AnchorSet) -> "AnchorModel":
         self.dim_ = anchors.dim
         return self
 
@@ -345,6 +386,10 @@ class EuclideanModel(AnchorModel):
     Subclasses implement ``_embed``.
     """
 
+    @classmethod
+    def tags(cls) -> Tags:
+        return replace(super().tags(), euclidean=True)
+
     def _embed(self, X: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -360,43 +405,3 @@ class EuclideanModel(AnchorModel):
     def _key_terms(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
         z = torch.cat([self._embed(G[sl]) for sl in self._chunks(G.shape[0], "embedding")])
         return torch.cat([z, (z * z).sum(1, keepdim=True)], dim=1)
-
-
-def symmetric_eigh(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.linalg.eigh`` (ascending eigenvalues); single-threaded on CPU.
-
-    MKL's multi-threaded symmetric eigensolver was measured at 7.3 s for a 512×512
-    float64 matrix on 2 threads against 0.08 s on one, so d×d problems run on one thread.
-    """
-    if A.device.type != "cpu":
-        return torch.linalg.eigh(A)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return torch.linalg.eigh(A)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def weighted_mean_cov(X: torch.Tensor, w: torch.Tensor, chunk: int = 16384) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted mean and (1/n, MLE) covariance Σ_i w_i (x_i − μ)(x_i − μ)ᵀ, w summing to 1.
-
-    Streams over row chunks: each chunk's scatter is a GEMM in the dtype of ``X`` (float32
-    data stays float32) accumulated in float64, so no float64 copy of the anchors is made.
-    Returns float64 tensors. Raises a ``ValueError`` when the anchors have (numerically)
-    zero variance.
-    """
-    w = w.to(torch.float64)
-    mean = torch.zeros(X.shape[1], dtype=torch.float64, device=X.device)
-    for sl in row_chunks(X.shape[0], chunk):
-        mean += w[sl] @ X[sl].to(torch.float64)
-    cov = torch.zeros(X.shape[1], X.shape[1], dtype=torch.float64, device=X.device)
-    scale = 0.0
-    center = mean.to(X.dtype)
-    for sl in row_chunks(X.shape[0], chunk):
-        D = X[sl] - center
-        cov += ((D * w[sl, None].to(X.dtype)).T @ D).to(torch.float64)
-        scale += float(w[sl] @ (X[sl] * X[sl]).sum(1).to(torch.float64))
-    if float(torch.trace(cov)) <= 1e-12 * max(scale, torch.finfo(torch.float64).tiny):
-        raise ValueError("The anchors have zero variance (all identical); a covariance needs at least 2 distinct anchors.")
-    return mean, cov

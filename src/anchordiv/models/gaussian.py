@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 from ..anchors import AnchorSet
-from .base import EuclideanModel, symmetric_eigh, weighted_mean_cov
-from .posterior import NormalInverseWishart, PosteriorMixin, check_positive, niw_update, target_counts
+from ..linalg import symmetric_eigh, weighted_mean_cov
+from .base import EuclideanModel
+from .posterior import NormalInverseWishart, PosteriorMixin, niw_hyperparameters, niw_update, target_counts
 
 
 class Gaussian(PosteriorMixin, EuclideanModel):
@@ -71,28 +73,42 @@ class Gaussian(PosteriorMixin, EuclideanModel):
 
     min_anchors = 2
 
-    def __init__(self, tau: float | None = None, logit_scale: float | None = None, kappa0: float = 5.0,
+    def __init__(self, *, tau: float | None = None, logit_scale: float | None = None, kappa0: float = 5.0,
                  nu0: float | None = None, summary: str = "mean"):
         super().__init__(tau=tau, logit_scale=logit_scale)
         self.kappa0 = kappa0
         self.nu0 = nu0
         self.summary = summary
 
+    @classmethod
+    def from_moments(cls, mean: Any, covariance: Any, **params: Any) -> "Gaussian":
+        """A fitted model of the anchor distribution N(μ, Σ) given directly, e.g. a population
+        Gaussian (Theorem 3); ``params`` as for the constructor (``tau=`` or ``logit_scale=``)."""
+        model = cls(**params)
+        mean = torch.as_tensor(mean, dtype=torch.float64)
+        cov = torch.as_tensor(covariance, dtype=torch.float64, device=mean.device)
+        d = mean.shape[-1] if mean.ndim == 1 else -1
+        if mean.ndim != 1 or cov.shape != (d, d):
+            raise ValueError(f"mean must be (d,) and covariance (d, d), got {tuple(mean.shape)} and {tuple(cov.shape)}.")
+        if not torch.allclose(cov, cov.T, rtol=1e-10, atol=1e-12) or float(torch.linalg.eigvalsh(cov).min()) < -1e-12:
+            raise ValueError("covariance must be symmetric positive semi-definite.")
+        model.tau_, model.n_anchors_, model.device_ = model._resolve_tau(), 0, mean.device
+        model.mean_, model.covariance_ = mean, cov
+        model._reset_cache()
+        model.dim_ = d
+        return model
+
     def _fit(self, anchors: AnchorSet) -> None:
         self.mean_, self.covariance_ = weighted_mean_cov(anchors.embeddings, anchors.weights)
 
     # -------------------------------------------------------------- posterior
     def _check_posterior_params(self, dim: int) -> tuple[float, float]:
-        kappa0 = check_positive("kappa0", self.kappa0)
-        nu0 = dim + 20.0 if self.nu0 is None else check_positive("nu0", self.nu0)
-        if not nu0 > dim + 1:
-            raise ValueError(f"nu0={self.nu0} must be > d + 1 = {dim + 1}; the default None means d + 20.")
         if self.summary not in ("mean", "mode"):
             raise ValueError(f"summary must be 'mean' or 'mode', got {self.summary!r}.")
-        return kappa0, nu0
+        return niw_hyperparameters(self.kappa0, self.nu0, dim)
 
-    def _fit_posterior(self, target: AnchorSet, prior: "Gaussian") -> None:
-        kappa0, nu0 = self._check_posterior_params(target.dim)
+    def _fit_posterior(self, target: AnchorSet, prior: "Gaussian", hyper: tuple[float, float]) -> None:
+        kappa0, nu0 = hyper
         X, counts = target_counts(target)
         niw = NormalInverseWishart.from_estimate(prior.mean_, prior.covariance_, kappa0, nu0)
         self.posterior_ = niw_update(niw, X, counts)

@@ -12,7 +12,8 @@ import math
 
 from ..anchors import AnchorSet
 from ..special import bessel_ratio, log_vmf_normalizer
-from .base import EuclideanModel, symmetric_eigh, weighted_mean_cov
+from ..linalg import symmetric_eigh, weighted_mean_cov
+from .base import EuclideanModel
 from .posterior import MatrixBingham, PosteriorMixin, check_positive
 
 
@@ -79,7 +80,7 @@ class _LatentSubspace(PosteriorMixin, EuclideanModel):
     def _posterior_beta(self, n: int, cov: torch.Tensor) -> float:
         raise NotImplementedError
 
-    def _fit_posterior(self, target: AnchorSet, prior: "_LatentSubspace") -> None:
+    def _fit_posterior(self, target: AnchorSet, prior: "_LatentSubspace", hyper: None = None) -> None:
         mean, cov = weighted_mean_cov(target.embeddings, target.weights)
         beta = self._posterior_beta(len(target), cov)
         k = prior.n_components_
@@ -160,7 +161,7 @@ class LatentGaussian(_LatentSubspace):
         β of the update (adapted models only).
     """
 
-    def __init__(self, rank: int | float = 0.95, tau: float | None = None, logit_scale: float | None = None,
+    def __init__(self, *, rank: int | float = 0.95, tau: float | None = None, logit_scale: float | None = None,
                  alpha: float = 50.0, eps: float = 1e-8):
         super().__init__(tau=tau, logit_scale=logit_scale)
         self.rank = rank
@@ -221,29 +222,8 @@ class LatentSpherical(_LatentSubspace):
     trace, against α U_bU_bᵀ of trace αk: the broad subspace weighs as much as k/4 target
     anchors, and a target direction holding a fraction f of the target variance overtakes a
     broad direction once 4nf > 1. It grows with n like the latent Gaussian's β and does not
-    depend on the embedding scale or dimension. A fixed scale does: with unit-norm anchors
-    (Cov̂ eigenvalues ≪ α) β = 1 leaves the broad subspace in place, and β = 100 n reaches an
-    overlap of 0.90 at n = 200 for d = 64 but 0.61 (broad: 0.57) for d = 512 on the synthetic
-    anchors below. The factor 4 is measured on synthetic unit-norm anchors (broad: 60 topics
-    with a power-law spectrum; target: 12 of them) as the overlap ‖U_postᵀU_target‖²_F/k with
-    the top-k subspace of the target population, mean of 5 seeds, at n target anchors:
-
-    ===========================  =====  =====  =====  =====  =====
-    d = 512, k = 64, n =             2     10     50    200   1000
-    ===========================  =====  =====  =====  =====  =====
-    broad subspace (β = 0)       0.573  0.573  0.573  0.573  0.573
-    target anchors only          0.135  0.212  0.444  0.663  0.854
-    β = 1                        0.573  0.573  0.573  0.573  0.573
-    β = α n / tr Cov̂             0.573  0.573  0.580  0.614  0.741
-    β = 4 α n / tr Cov̂ (default) 0.572  0.570  0.588  0.681  0.855
-    β = 16 α n / tr Cov̂          0.572  0.563  0.548  0.683  0.856
-    ===========================  =====  =====  =====  =====  =====
-
-    Factors 1, 2, 4, 8, 16 were tried for (d, k) = (64, 16), (256, 32), (512, 64), (512, 128),
-    and for (64, 16), (256, 32) with half of the target topics absent from the broad anchors:
-    4 stays within 0.01 of the broad subspace up to n = 20 and within 0.015 of the best factor
-    at every n up to 1000. A number
-    ``beta`` ≥ 0 fixes β (β = 0 keeps the broad subspace). Cov̂ needs at least 2 target
+    depend on the embedding scale or dimension; the factor 4 was chosen by measurement
+    (docs/latent_spherical_beta.md). A number ``beta`` ≥ 0 fixes β (β = 0 keeps the broad subspace). Cov̂ needs at least 2 target
     anchors.
 
     Parameters
@@ -266,7 +246,7 @@ class LatentSpherical(_LatentSubspace):
     #: Factor c of the default β = c·α·n / tr Cov̂(Γ_target).
     default_beta_factor = 4.0
 
-    def __init__(self, rank: int | float = 0.95, tau: float | None = None, logit_scale: float | None = None,
+    def __init__(self, *, rank: int | float = 0.95, tau: float | None = None, logit_scale: float | None = None,
                  alpha: float = 50.0, beta: float | None = None):
         super().__init__(tau=tau, logit_scale=logit_scale)
         self.rank = rank

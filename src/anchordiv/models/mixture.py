@@ -9,8 +9,8 @@ import torch
 from .._backend import positive_int
 from ..anchors import AnchorSet
 from .base import AnchorModel
-from .posterior import (NormalInverseWishart, PosteriorMixin, check_positive, dirichlet_update, niw_update,
-                        target_counts)
+from .posterior import (NormalInverseWishart, PosteriorMixin, check_positive, dirichlet_update, niw_hyperparameters,
+                        niw_update, target_counts)
 
 _EPS = torch.finfo(torch.float64).eps
 
@@ -141,7 +141,7 @@ class GaussianMixture(PosteriorMixin, AnchorModel):
 
     Parameters
     ----------
-    n_components : int, default 1
+    n_components : int, default 4
         Number of mixture components M (≤ number of anchors; of broad anchors when adapting).
     seed : int, default 0
         Seed of the k-means++ initialisation.
@@ -174,7 +174,7 @@ class GaussianMixture(PosteriorMixin, AnchorModel):
     _prior_shared_params = ("n_components",)
     _posterior_attributes = ("prior_", "posterior_", "concentration_")
 
-    def __init__(self, n_components: int = 1, seed: int = 0, tau: float | None = None,
+    def __init__(self, *, n_components: int = 4, seed: int = 0, tau: float | None = None,
                  logit_scale: float | None = None, reg_covar: float = 1e-5, tol: float = 1e-3,
                  max_iter: int = 200, dirichlet_alpha: float = 1.0, kappa0: float = 5.0,
                  nu0: float | None = None):
@@ -206,14 +206,10 @@ class GaussianMixture(PosteriorMixin, AnchorModel):
     # -------------------------------------------------------------- posterior
     def _check_posterior_params(self, dim: int) -> tuple[float, float, float]:
         alpha = check_positive("dirichlet_alpha", self.dirichlet_alpha)
-        kappa0 = check_positive("kappa0", self.kappa0)
-        nu0 = dim + 20.0 if self.nu0 is None else check_positive("nu0", self.nu0)
-        if not nu0 > dim + 1:
-            raise ValueError(f"nu0={self.nu0} must be > d + 1 = {dim + 1}; the default None means d + 20.")
-        return alpha, kappa0, nu0
+        return (alpha, *niw_hyperparameters(self.kappa0, self.nu0, dim))
 
-    def _fit_posterior(self, target: AnchorSet, prior: "GaussianMixture") -> None:
-        alpha, kappa0, nu0 = self._check_posterior_params(target.dim)
+    def _fit_posterior(self, target: AnchorSet, prior: "GaussianMixture", hyper: tuple[float, float, float]) -> None:
+        alpha, kappa0, nu0 = hyper
         X, counts = target_counts(target)
         weights = prior.weights_.to(torch.float64)
         means = prior.means_.to(torch.float64)

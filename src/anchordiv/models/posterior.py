@@ -25,11 +25,12 @@ from typing import Any
 import torch
 
 from ..anchors import AnchorSet
-from .base import AnchorModel, Geometry, NotFittedError, symmetric_eigh
+from ..linalg import symmetric_eigh
+from .base import AnchorModel, Geometry, NotFittedError, prepare_anchors
 
 __all__ = [
     "NormalInverseWishart", "niw_update", "MatrixBingham", "dirichlet_update",
-    "resolve_prior", "target_counts",
+    "resolve_prior", "target_counts", "niw_hyperparameters", "PosteriorMixin",
 ]
 
 
@@ -257,14 +258,24 @@ def target_counts(target: AnchorSet) -> tuple[torch.Tensor, torch.Tensor]:
     return X, target.weights.to(torch.float64) * len(target)
 
 
-def resolve_prior(model: AnchorModel, prior: Any, target: AnchorSet) -> AnchorModel:
+def niw_hyperparameters(kappa0: Any, nu0: Any, dim: int) -> tuple[float, float]:
+    """(κ0, ν0) of a Normal–Inverse-Wishart prior, checked: κ0 > 0, ν0 > d + 1 (default d + 20, App. E.5)."""
+    kappa0 = check_positive("kappa0", kappa0)
+    value = dim + 20.0 if nu0 is None else check_positive("nu0", nu0)
+    if not value > dim + 1:
+        raise ValueError(f"nu0={nu0} must be > d + 1 = {dim + 1}; the default None means d + 20.")
+    return kappa0, value
+
+
+def resolve_prior(model: AnchorModel, prior: Any, target: AnchorSet) -> tuple[AnchorModel, Any]:
     """The fitted broad model behind ``prior``, checked against ``model`` and ``target``.
 
     ``prior`` is a broad :class:`AnchorSet` or (N, d) array, fitted here with a clone of
     ``model``'s parameters, or an already fitted model of the same class (whose parameters
     listed in ``model._prior_shared_params`` must equal ``model``'s; its temperature is not
     used, since the updates read only the fitted distribution). ``prior`` may be ``model``
-    itself, whose current fit then becomes the prior. Raises a
+    itself, whose current fit then becomes the prior. Returns the prior and the checked
+    adaptation hyperparameters (``model._check_posterior_params``, run once). Raises a
     ``ValueError`` for another model class, a dimension or device mismatch, too few target
     anchors, or bad adaptation hyperparameters, before any broad fit is run.
     """
@@ -277,7 +288,7 @@ def resolve_prior(model: AnchorModel, prior: Any, target: AnchorSet) -> AnchorMo
             f"{name}'s posterior update needs at least {needed} target anchors with positive weight, "
             f"got {len(target)}; {model._min_target_reason}"
         )
-    model._check_posterior_params(target.dim)
+    hyper = model._check_posterior_params(target.dim)
     if isinstance(prior, Geometry):
         if prior is model:
             prior = copy.copy(model)  # refit in place: the current fit becomes the prior
@@ -317,7 +328,7 @@ def resolve_prior(model: AnchorModel, prior: Any, target: AnchorSet) -> AnchorMo
         )
     if prior.device != target.device:
         raise ValueError(f"The prior {name} is on {prior.device} but the target anchors on {target.device}.")
-    return prior
+    return prior, hyper
 
 
 def check_positive(name: str, value: Any, allow_zero: bool = False) -> float:
@@ -333,10 +344,17 @@ def check_positive(name: str, value: Any, allow_zero: bool = False) -> float:
 
 
 class PosteriorMixin:
-    """Shared pieces of the models that accept ``fit(target, prior=broad)``.
+    """The models that accept ``fit(target, prior=broad)`` (paper §4, App. D).
 
-    Subclasses implement ``_fit_posterior(target, prior)`` and ``_check_posterior_params(d)``
-    and list in ``_posterior_attributes`` the fitted attributes that only an adapted model has.
+    With ``prior``, ``anchors`` are the target anchors: ``prior`` is a broad
+    :class:`AnchorSet` or (N, d) array, fitted with a clone of this model's parameters, or an
+    already fitted model of the same class. The broad fit sets the prior, the target anchors
+    update it, and the posterior summary becomes this model's fitted parameters; ``prior_``
+    holds the broad model. Each model documents its update.
+
+    Subclasses implement ``_check_posterior_params(d)`` (returns the checked
+    hyperparameters) and ``_fit_posterior(target, prior, hyper)``, and list in
+    ``_posterior_attributes`` the fitted attributes that only an adapted model has.
     """
 
     #: Fewest target anchors the posterior update needs.
@@ -347,6 +365,23 @@ class PosteriorMixin:
     _prior_shared_params: tuple = ()
     #: Fitted attributes of an adapted model (removed by a plain fit).
     _posterior_attributes: tuple = ("prior_", "posterior_")
+
+    @classmethod
+    def tags(cls):
+        return replace(super().tags(), accepts_prior=True)
+
+    def fit(self, anchors: Any, prior: Any = None):
+        """Fit to ``anchors``, or with ``prior`` adapt the broad prior to them as target anchors."""
+        for name in self._posterior_attributes:
+            self.__dict__.pop(name, None)
+        if prior is None:
+            return super().fit(anchors)
+        target = prepare_anchors(anchors, type(self).__name__)
+        prior, hyper = resolve_prior(self, prior, target)
+        target = self._begin_fit(target, 1)
+        self._fit_posterior(target, prior, hyper)
+        self.prior_ = prior
+        return self._end_fit(target)
 
     def to(self, device: Any):
         """Move fitted tensors, the prior and the posterior summaries to ``device``; returns self."""

@@ -9,6 +9,8 @@ from .base import AnchorModel
 
 
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: Rows per block of the streamed log-sum-exp; one (rows × anchor_chunk) logits buffer is reused.
+ROW_BLOCK = 4096
 
 
 def attention_grad(eta: torch.Tensor, anchors: torch.Tensor, log_weights: torch.Tensor, uniform: bool) -> torch.Tensor:
@@ -31,14 +33,15 @@ class Softmax(AnchorModel):
 
     ∇κ is attention with keys = values = anchors and log-weights as a logit bias. The
     statistics stream over the anchors in chunks of ``anchor_chunk`` with a running
-    log-sum-exp, so memory does not grow with the number of anchors N beyond the anchors
-    themselves. Reference: Kannan, Park, Veitch (2026), §2, eq. 2.2 and App. F.4.
+    log-sum-exp, in blocks of ``ROW_BLOCK`` rows that reuse one logits buffer, so memory
+    does not grow with the number of anchors N beyond the anchors themselves.
+    Reference: Kannan, Park, Veitch (2026), §2, eq. 2.2 and App. F.4.
 
     Parameters
     ----------
     tau, logit_scale : float
         Temperature, or its inverse. Give exactly one.
-    anchor_chunk : int, default 8192
+    anchor_chunk : int, default 1024
         Anchors processed per step of the running log-sum-exp.
 
     Attributes
@@ -49,7 +52,7 @@ class Softmax(AnchorModel):
         log w_i (float64).
     """
 
-    def __init__(self, tau: float | None = None, logit_scale: float | None = None, anchor_chunk: int = 8192):
+    def __init__(self, *, tau: float | None = None, logit_scale: float | None = None, anchor_chunk: int = 1024):
         super().__init__(tau=tau, logit_scale=logit_scale)
         self.anchor_chunk = anchor_chunk
 
@@ -78,19 +81,43 @@ class Softmax(AnchorModel):
         return self._cgf_and_grad(eta)[1]
 
     def _cgf_and_grad(self, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n = eta.shape[0]
-        running_max = eta.new_full((n,), -torch.inf)
-        total = eta.new_zeros(n)
-        acc = eta.new_zeros(n, self.dim_)
+        # One pass over the anchors with a running max m: per block of rows and chunk of
+        # anchors, L = ηΓᵀ (+ log w), m' = max(m, max_i L), then the sum and Σ p_i γ_i
+        # are rescaled by exp(m − m') and p = exp(L − m') is added in place. A uniform
+        # measure adds its constant log w to κ at the end instead of to every logit.
+        n, d = eta.shape
+        n_anchors = self.anchors_.shape[0]
+        step = min(max(1, int(self.anchor_chunk)), n_anchors)
+        rows = min(ROW_BLOCK, n)
+        uniform = getattr(self, "_uniform", False)
         log_w = self._cast("log_weights_", eta)
-        step = max(1, int(self.anchor_chunk))
-        for start in range(0, self.n_anchors_, step):
-            gamma = self.anchors_[start:start + step].to(eta.dtype)
-            logits = torch.addmm(log_w[start:start + step], eta, gamma.T)
-            new_max = torch.maximum(running_max, logits.max(dim=1).values)
-            rescale = torch.exp(running_max - new_max)
-            p = torch.exp(logits - new_max[:, None])
-            total = total * rescale + p.sum(dim=1)
-            acc = torch.addmm(acc * rescale[:, None], p, gamma)
-            running_max = new_max
-        return running_max + total.log(), acc / total[:, None]
+        buf = eta.new_empty(rows * step)
+        run_max, total, acc = eta.new_empty(n), eta.new_empty(n), eta.new_empty(n, d)
+        for start in range(0, n_anchors, step):
+            stop = min(start + step, n_anchors)
+            gamma = self.anchors_[start:stop].to(eta.dtype)
+            bias = None if uniform else log_w[start:stop]
+            for r0 in range(0, n, rows):
+                r1 = min(r0 + rows, n)
+                logits = buf[:(r1 - r0) * (stop - start)].view(r1 - r0, stop - start)
+                if bias is None:
+                    torch.mm(eta[r0:r1], gamma.T, out=logits)
+                else:
+                    torch.addmm(bias, eta[r0:r1], gamma.T, out=logits)
+                m = run_max[r0:r1]
+                if start == 0:
+                    torch.amax(logits, dim=1, out=m)
+                    logits.sub_(m[:, None]).exp_()
+                    torch.sum(logits, dim=1, out=total[r0:r1])
+                    torch.mm(logits, gamma, out=acc[r0:r1])
+                    continue
+                new_max = torch.maximum(m, logits.amax(dim=1))
+                rescale = m.sub_(new_max).exp_()
+                logits.sub_(new_max[:, None]).exp_()
+                total[r0:r1].mul_(rescale).add_(logits.sum(dim=1))
+                acc[r0:r1].mul_(rescale[:, None]).addmm_(logits, gamma)
+                m.copy_(new_max)
+        kappa = total.log().add_(run_max)
+        if uniform:
+            kappa.add_(log_w[0])
+        return kappa, acc.div_(total[:, None])

@@ -1,0 +1,224 @@
+"""The FastAPI app of ``anchordiv serve``: the JSON API, clip-retrieval's endpoints and the page.
+
+Endpoints
+---------
+``GET /``                      the web page (static files shipped in the package)
+``GET /api/contexts``          anchor sets, geometries and parameters, collection info
+``POST /api/search``           neighbours of a query under a context (JSON, or multipart with ``image``)
+``GET /api/items/{id}``        one item (``id`` = row number)
+``GET /api/thumb/{id}``        JPEG thumbnail of the item's own image file
+``GET /api/health``            ``{"status": "ok", "cache": {...}}``
+``GET /indices-list``          clip-retrieval: index names
+``POST /knn-service``          clip-retrieval: ``[{"id", "similarity", **metadata}]``
+``POST /metadata``             clip-retrieval: ``[{"id", "metadata"}]``
+
+Errors are JSON ``{"error": "FIELD: message", "field": "FIELD"}`` with a 4xx status.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import validate as v
+from .service import Service
+from .validate import FieldError
+
+#: Static files of the page, by URL name (nothing else is ever served from disk).
+STATIC = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
+#: Sent with every response.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+                               "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+#: Hosts accepted on a loopback bind (a guard against DNS rebinding).
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost"]
+
+
+class TooLarge(StarletteHTTPException):
+    """A request body over the limit."""
+
+    def __init__(self, limit: int, field: str):
+        super().__init__(413, f"{field}: the request body is larger than {limit} bytes")
+        self.field = field
+
+
+class BodyLimit:
+    """ASGI middleware: refuse bodies over the limit (10 MB + form overhead for uploads, 1 MB else)."""
+
+    def __init__(self, app: Any, max_json: int = v.MAX_JSON_BYTES, max_upload: int = v.MAX_IMAGE_BYTES + (64 << 10)):
+        self.app, self.max_json, self.max_upload = app, max_json, max_upload
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        upload = headers.get(b"content-type", b"").lower().startswith(b"multipart/form-data")
+        limit, field = (self.max_upload, "image") if upload else (self.max_json, "body")
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return await _send_json(send, 413, FieldError(field, f"the request body is larger than {limit} bytes",
+                                                          413).payload())
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise TooLarge(limit, field)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+async def _send_json(send: Any, status: int, payload: dict) -> None:
+    response = JSONResponse(payload, status_code=status, headers=SECURITY_HEADERS)
+    await send({"type": "http.response.start", "status": status, "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": response.body})
+
+
+def _error(exc: FieldError) -> JSONResponse:
+    return JSONResponse(exc.payload(), status_code=exc.status)
+
+
+def _static(name: str) -> bytes:
+    return resources.files("anchordiv.serve").joinpath("static", name).read_bytes()
+
+
+def create_app(service: Service, *, loopback_only: bool = True, cors_origins: list[str] | None = None) -> FastAPI:
+    """The HTTP app for ``service``.
+
+    Parameters
+    ----------
+    service : Service
+        What to search.
+    loopback_only : bool
+        Accept only requests whose Host is a loopback name (set when binding 127.0.0.1).
+    cors_origins : list of str, optional
+        Origins allowed to call the API from a browser (e.g. a clip-retrieval front end
+        served elsewhere); none by default.
+    """
+    app = FastAPI(title="anchordiv", docs_url=None, redoc_url=None, openapi_url=None)
+    page = {name: _static(name) for name in ("index.html", *STATIC)}
+
+    @app.middleware("http")
+    async def headers(request: Request, call_next: Any) -> Response:
+        response = await call_next(request)
+        for key, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(key, value)
+        return response
+
+    if cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Content-Type"])
+    if loopback_only:
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS)
+    app.add_middleware(BodyLimit)
+
+    @app.exception_handler(FieldError)
+    async def field_error(request: Request, exc: FieldError) -> JSONResponse:
+        return _error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail), "field": getattr(exc, "field", None)},
+                            status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = (exc.errors() or [{}])[0]
+        field = ".".join(str(x) for x in err.get("loc", ())[1:]) or None
+        return JSONResponse({"error": f"{field}: {err.get('msg', 'invalid')}", "field": field}, status_code=422)
+
+    async def _json(request: Request) -> dict:
+        return v.parse_json_object(await request.body())
+
+    # ------------------------------------------------------------------ page
+    @app.get("/", include_in_schema=False)
+    def index() -> Response:
+        return Response(page["index.html"], media_type="text/html; charset=utf-8")
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def static(name: str) -> Response:
+        if name not in STATIC:
+            raise FieldError("name", f"no static file {name!r}", 404)
+        return Response(page[name], media_type=STATIC[name], headers={"Cache-Control": "no-cache"})
+
+    # ------------------------------------------------------------ native API
+    @app.get("/api/contexts")
+    def contexts() -> dict:
+        return service.info()
+
+    @app.get("/api/health")
+    def health() -> dict:
+        return {"status": "ok", "cache": service.contexts.stats()}
+
+    @app.post("/api/search")
+    async def search(request: Request) -> dict:
+        ctype = request.headers.get("content-type", "").lower()
+        if ctype.startswith("multipart/form-data"):
+            form = await request.form(max_files=1, max_fields=32)
+            data: dict[str, Any] = {}
+            image = None
+            for key, value in form.multi_items():
+                if key == "image" and hasattr(value, "read"):
+                    image = await value.read(v.MAX_IMAGE_BYTES + 1)
+                    if len(image) > v.MAX_IMAGE_BYTES:
+                        raise FieldError("image", f"is larger than {v.MAX_IMAGE_BYTES} bytes", 413)
+                elif isinstance(value, str):
+                    data[key] = value
+                else:
+                    raise FieldError(key, "must be a plain form field")
+            await form.close()
+            return await run_in_threadpool(service.search, data, image, True)
+        if ctype and not ctype.startswith("application/json"):
+            raise FieldError("body", "send JSON (application/json) or multipart/form-data", 415)
+        data = await _json(request)
+        if "image" in data:
+            raise FieldError("image", "upload images as multipart/form-data")
+        return await run_in_threadpool(service.search, data)
+
+    def _row(id: str) -> int:
+        if not id.isdigit() or len(id) > 12:
+            raise FieldError("id", f"must be a row number, got {id!r}", 404)
+        return service.check_row(int(id), "id")
+
+    @app.get("/api/items/{id}")
+    def item(id: str) -> dict:
+        return service.item(_row(id))
+
+    @app.get("/api/thumb/{id}")
+    def thumb(id: str) -> Response:
+        return Response(service.thumbnail(_row(id)), media_type="image/jpeg",
+                        headers={"Cache-Control": "max-age=3600"})
+
+    # --------------------------------------------------------- clip-retrieval
+    @app.get("/indices-list")
+    def indices_list() -> list:
+        return service.indices_list()
+
+    @app.post("/knn-service")
+    async def knn_service(request: Request) -> list:
+        return await run_in_threadpool(service.knn_service, await _json(request))
+
+    @app.post("/metadata")
+    async def metadata(request: Request) -> list:
+        return await run_in_threadpool(service.metadata, await _json(request))
+
+    return app

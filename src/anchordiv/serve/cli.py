@@ -1,0 +1,123 @@
+"""The ``anchordiv serve`` command and the server behind ``anchordiv demo --serve``."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .server import DEFAULT_HOST, is_loopback
+
+
+def _check_deps() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import multipart  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise click.ClickException(f"serving needs {exc.name}: pip install 'anchordiv[serve]'") from None
+
+
+def run_service(service: Any, host: str = DEFAULT_HOST, port: int = 8000, cors_origins: list[str] | None = None,
+                echo: Any = click.echo) -> None:
+    """Serve ``service`` on ``host:port`` until interrupted."""
+    from .app import create_app
+    from .server import serve
+
+    if not is_loopback(host):
+        warnings.warn(f"binding {host}: the service is reachable from other machines and has no authentication")
+    app = create_app(service, loopback_only=is_loopback(host), cors_origins=cors_origins)
+    shown = f"[{host}]" if ":" in host else host
+    echo(f"Serving {service.title} on http://{shown}:{port}/ (Ctrl-C to stop)")
+    serve(app, host=host, port=port)
+    echo("Stopped.")
+
+
+def _index_option(value: str) -> tuple[str, str]:
+    name, sep, path = value.partition("=")
+    if not sep:
+        name, path = Path(value).stem, value
+    if not name or not os.path.isfile(path):
+        raise click.BadParameter(f"{value!r}: give PATH or NAME=PATH of an index file (anchordiv index build)",
+                                 param_hint="--index")
+    return name, path
+
+
+@click.command("serve", short_help="Serve a collection over HTTP: JSON API, clip-retrieval endpoints, web page.")
+@click.argument("collection", type=click.Path(exists=True))
+@click.option("--anchors", "anchors_file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Anchors file (text or YAML with named sets); its sets become the page's contexts.")
+@click.option("--index", "index_specs", multiple=True, metavar="[NAME=]PATH",
+              help="A saved index over the collection (anchordiv index build), searchable by NAME (repeatable).")
+@click.option("--host", default=DEFAULT_HOST, show_default=True, help="Address to bind (loopback by default).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="TCP port.")
+@click.option("--encoder", default=None, metavar="SPEC",
+              help="Encoder for text/image queries and anchors; default: the collection's.")
+@click.option("--model", "default_model", default="softmax", show_default=True, help="Default geometry.")
+@click.option("--tau", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Default temperature; default from the collection's manifest, else the encoder.")
+@click.option("--label", "label_columns", multiple=True, metavar="COLUMN",
+              help="Metadata column shown as label chips (repeatable; default: 'label' or the categorical columns).")
+@click.option("--cache-mb", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Memory bound of the cache of fitted contexts (models and key features).")
+@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="Allow a browser page from ORIGIN (e.g. a clip-retrieval front end) to call the API (repeatable).")
+@click.option("--device", default=None, help="Torch device of the encoder.")
+def serve_command(collection, anchors_file, index_specs, host, port, encoder, default_model, tau, label_columns,
+                  cache_mb, cors_origins, device) -> None:
+    """Serve COLLECTION: a web page where anchors steer similarity, and a JSON API.
+
+    The page (at /) searches by text, by item (click a result) or by an uploaded image
+    (image encoders), under any geometry and any mixture of the anchor sets, and shows
+    two or three contexts side by side. The API: GET /api/contexts, POST /api/search,
+    GET /api/items/ID, GET /api/thumb/ID; clip-retrieval's GET /indices-list,
+    POST /knn-service and POST /metadata. Binds 127.0.0.1 unless --host says otherwise.
+
+    Example:
+
+    \b
+      anchordiv serve coll/ --anchors anchors.yaml --port 8000
+      curl -s localhost:8000/api/search -H 'Content-Type: application/json' \\
+          -d '{"text": "a red car", "context": "object:0.7,style:0.3", "model": "softmax", "k": 5}'
+    """
+    _check_deps()
+    from ..anchorsfile import embed_anchors
+    from ..cli import LazyEncoder
+    from ..index import Index
+    from ..io import load_collection
+    from .service import Service
+
+    coll = load_collection(collection)
+    spec = encoder or coll.encoder
+    enc = LazyEncoder(spec, device) if spec else None
+    if enc is not None and encoder and coll.encoder and encoder != coll.encoder:
+        warnings.warn(f"--encoder {encoder!r} differs from the collection's encoder {coll.encoder!r}")
+    anchors = None
+    if anchors_file is not None:
+        if enc is None:
+            raise click.UsageError("--anchors needs an encoder: pass --encoder SPEC (the collection records none)")
+        anchors = embed_anchors(anchors_file, enc)
+    if enc is not None:
+        enc.loaded  # load now, so the first query is fast
+    indexes = {}
+    for value in index_specs:
+        name, path = _index_option(value)
+        if name in indexes:
+            raise click.BadParameter(f"two indexes are named {name!r}", param_hint="--index")
+        indexes[name] = Index.load(path, device=device)
+    service = Service(coll, anchors, enc, indexes=indexes, tau=tau, default_model=default_model,
+                      label_columns=list(label_columns) or None, cache_bytes=cache_mb << 20)
+    run_service(service, host=host, port=port, cors_origins=list(cors_origins) or None)
+
+
+def serve_demo(n: int = 360, seed: int = 0, encoder: Any = "minilm", host: str = DEFAULT_HOST,
+               port: int = 8000) -> None:
+    """Build the scene demo's service and serve it (``anchordiv demo --serve``)."""
+    _check_deps()
+    from .demo import build_demo_service
+
+    click.echo(f"Embedding {n} scene descriptions and the anchor sets ...")
+    run_service(build_demo_service(n=n, seed=seed, encoder=encoder), host=host, port=port)

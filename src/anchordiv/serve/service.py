@@ -1,0 +1,649 @@
+"""The search service behind ``anchordiv serve``, independent of the web framework.
+
+A *context* is (geometry, anchor selection, τ, model parameters, symmetric). Its fitted
+model and the key features ψ of every collection row are built once and kept in a
+byte-bounded LRU (:class:`~anchordiv.serve.cache.ByteLRU`); a query then costs one
+feature map φ(q) and one top-k over ψ (:func:`anchordiv.search.knn`), the same
+computation as ``model.search``. Saved indexes (``--index``) are searched with
+:meth:`anchordiv.Index.search`.
+
+``similarity`` in results is ``1 − distance``: monotone (higher is closer), and for the
+``cosine`` geometry exactly the cosine similarity that clip-retrieval reports.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import anchorsfile
+from .._util import json_scalar
+from ..anchors import AnchorSet
+from ..models import make_model, model_names, registry
+from ..search import knn
+from . import validate as v
+from .cache import ByteLRU
+from .validate import FieldError
+
+#: Geometries that need anchors / take a temperature.
+ANCHOR_MODELS = model_names(needs_anchors=True)
+TAU_MODELS = model_names(takes_temperature=True)
+#: Extra parameters a request may set, per geometry, with their kinds.
+MODEL_PARAMS = {
+    "gmm": {"n_components": "int", "seed": "int"},
+    "latent_gaussian": {"rank": "rank"},
+    "latent_spherical": {"rank": "rank"},
+}
+#: Columns shown as the item's text, in order of preference.
+ITEM_COLUMNS = ("caption", "text", "image_path")
+#: Columns never offered as labels.
+NOT_LABELS = {"caption", "text", "image_path", "id", "url"}
+#: Fields of ``POST /api/search``.
+SEARCH_FIELDS = {"text", "row", "id", "embedding", "image", "model", "context", "tau", "k", "filter", "params",
+                 "index", "symmetric", "include_self"}
+#: Thumbnail size in pixels.
+THUMB_PX = 256
+
+
+@dataclass(frozen=True)
+class ContextKey:
+    """What defines one cached context."""
+
+    model: str
+    selection: tuple[tuple[str, float], ...]
+    tau: float | None
+    params: tuple[tuple[str, Any], ...]
+    symmetric: bool
+
+    @property
+    def anchors(self) -> str | None:
+        """The canonical anchors spec, e.g. ``breeds`` or ``breeds:0.7,places:0.3``."""
+        if not self.selection:
+            return None
+        if len(self.selection) == 1:
+            return self.selection[0][0]
+        return ",".join(f"{n}:{p:g}" for n, p in self.selection)
+
+    @property
+    def name(self) -> str:
+        """``MODEL`` or ``MODEL:ANCHORS`` (the clip-retrieval index name)."""
+        return self.model if self.anchors is None else f"{self.model}:{self.anchors}"
+
+
+@dataclass
+class Context:
+    """A fitted geometry with the key features of every collection row."""
+
+    key: ContextKey
+    model: Any
+    keys: torch.Tensor
+    anchors: AnchorSet | None
+    anchor_sets: list[str]
+    seconds: float
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly scalar."""
+    return json_scalar(value)
+
+
+def _nbytes(*tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+class Service:
+    """Searches one collection under anchor contexts; used by the HTTP app.
+
+    Parameters
+    ----------
+    collection : anchordiv.io.Collection
+        Embeddings and metadata.
+    anchors : anchordiv.anchorsfile.EmbeddedAnchors, optional
+        The anchor sets (from :func:`anchordiv.anchorsfile.embed_anchors`).
+    encoder : Encoder, optional
+        Embeds text (and image) queries; without one only row, id and embedding queries work.
+    indexes : dict of str to anchordiv.Index, optional
+        Saved indexes over the collection (ids = row numbers), searchable by name.
+    tau : float, optional
+        Default temperature (else the collection's, the anchors', the encoder's).
+    default_model : str
+        Geometry used when a request names none.
+    label_columns : list of str, optional
+        Metadata columns shown as label chips (default: ``label``, else the columns with
+        at most 50 distinct values).
+    cache_bytes : int
+        Bound of the context cache (fitted models and key features).
+    title : str, optional
+        Shown on the page.
+    root : str or Path, optional
+        Folder that relative ``image_path`` values are resolved against (default: the
+        collection's folder, then the working directory).
+    """
+
+    def __init__(self, collection: Any, anchors: Any = None, encoder: Any = None, *, indexes: dict | None = None,
+                 tau: float | None = None, default_model: str = "softmax", label_columns: list[str] | None = None,
+                 cache_bytes: int = 1 << 30, title: str | None = None, root: str | os.PathLike | None = None):
+        self.collection = collection
+        self.anchors = anchors
+        self.encoder = encoder
+        self.indexes = dict(indexes or {})
+        self.n, self.dim = len(collection), collection.dim
+        self.G = torch.from_numpy(np.ascontiguousarray(collection.embeddings, dtype=np.float32))
+        self.meta = collection.metadata
+        self.columns = [] if self.meta is None else [str(c) for c in self.meta.columns]
+        self._values = {c: self.meta[c].tolist() for c in self.columns} if self.meta is not None else {}
+        self.item_column = next((c for c in ITEM_COLUMNS if c in self.columns), None)
+        self.has_images = collection.kind == "image" and "image_path" in self.columns
+        self.label_columns = self._labels(label_columns)
+        self.title = title or f"anchordiv · {os.path.basename(str(collection.path or 'collection'))}"
+        self.root = Path(root) if root is not None else (Path(collection.path) if collection.path else None)
+        if default_model not in registry():
+            raise ValueError(f"default_model: unknown geometry {default_model!r}")
+        if default_model in ANCHOR_MODELS and anchors is None:
+            default_model = "cosine"
+        self.default_model = default_model
+        self.tau = tau if tau is not None else (collection.tau if collection.tau is not None else
+                                                getattr(anchors, "tau", None))
+        if self.tau is None and encoder is not None:
+            self.tau = float(encoder.tau)
+        if anchors is not None and next(iter(anchors.sets.values())).dim != self.dim:
+            raise ValueError(f"the anchors have dimension {next(iter(anchors.sets.values())).dim} but the "
+                             f"collection has {self.dim}; embed them with the collection's encoder")
+        for name, idx in self.indexes.items():
+            if idx.dim != self.dim or (len(idx) and (int(np.min(idx.ids)) < 0 or int(np.max(idx.ids)) >= self.n)):
+                raise ValueError(f"index {name!r} does not match the collection (its ids must be row numbers "
+                                 f"0..{self.n - 1} and its dimension {self.dim})")
+        self.contexts = ByteLRU(cache_bytes)
+        self._thumbs = ByteLRU(64 << 20)
+        self._texts = ByteLRU(16 << 20)
+        self._filters = ByteLRU(64 << 20)
+        self._encode_lock = threading.Lock()  # tokenizers are not safe under concurrent calls
+        self._id_rows: dict[str, int] | None = None
+
+    # ------------------------------------------------------------------ info
+    def _labels(self, given: list[str] | None) -> list[str]:
+        if given is not None:
+            missing = [c for c in given if c not in self.columns]
+            if missing:
+                raise ValueError(f"label column {missing[0]!r} is not in the collection; columns: {self.columns}")
+            return list(given)
+        if "label" in self.columns:
+            return ["label"]
+        out = []
+        for c in self.columns:
+            if c in NOT_LABELS:
+                continue
+            values = self._values[c]
+            if len(set(map(str, values))) <= min(50, max(1, len(values) // 2)):
+                out.append(c)
+        return out
+
+    @property
+    def text_queries(self) -> bool:
+        return self.encoder is not None
+
+    @property
+    def image_queries(self) -> bool:
+        return self.encoder is not None and bool(getattr(self.encoder, "has_images", False))
+
+    def set_names(self) -> list[str]:
+        return [] if self.anchors is None else list(self.anchors.sets)
+
+    def indices_list(self) -> list[str]:
+        """clip-retrieval index names: ``cosine``, ``MODEL:SET`` for every anchor model and set, saved indexes."""
+        names = [m for m in registry() if m not in ANCHOR_MODELS]
+        for m in registry():
+            if m in ANCHOR_MODELS:
+                names += [f"{m}:{s}" for s in self.set_names()]
+        return names + [f"index:{n}" for n in self.indexes]
+
+    def info(self) -> dict:
+        """What ``GET /api/contexts`` returns."""
+        sets = []
+        if self.anchors is not None:
+            for name, s in self.anchors.sets.items():
+                texts = list(s.texts or [])
+                sets.append({"name": name, "size": len(s), "mix": float(self.anchors.mix.get(name, 1.0)),
+                             "phrases": texts[:100]})
+        models = []
+        for name, cls in registry().items():
+            params: dict[str, Any] = {}
+            if name in TAU_MODELS:
+                params["tau"] = self.tau
+            defaults = cls().get_params() if name in MODEL_PARAMS else {}
+            params.update({p: defaults.get(p) for p in MODEL_PARAMS.get(name, {})})
+            models.append({"name": name, "needs_anchors": name in ANCHOR_MODELS,
+                           "takes_temperature": name in TAU_MODELS, "params": params,
+                           "available": name not in ANCHOR_MODELS or self.anchors is not None})
+        labels = {c: sorted({str(x) for x in self._values[c]})[:100] for c in self.label_columns}
+        return {
+            "title": self.title,
+            "collection": {"n": self.n, "dim": self.dim, "kind": self.collection.kind,
+                           "encoder": getattr(self.encoder, "name", None) or self.collection.encoder,
+                           "tau": self.tau, "columns": self.columns, "item_column": self.item_column,
+                           "label_columns": self.label_columns, "labels": labels, "has_images": self.has_images,
+                           "text_queries": self.text_queries, "image_queries": self.image_queries},
+            "sets": sets,
+            "models": models,
+            "indexes": [{"name": n, "backend": i.backend, "model": type(i.model).__name__, "n": len(i)}
+                        for n, i in self.indexes.items()],
+            "defaults": {"model": self.default_model, "k": 12, "tau": self.tau,
+                         "context": self.set_names()[0] if self.set_names() else None},
+            "limits": {"max_k": v.MAX_K, "max_text": v.MAX_TEXT, "max_context": v.MAX_CONTEXT,
+                       "max_image_bytes": v.MAX_IMAGE_BYTES},
+            "similarity": "1 - distance (for cosine: the cosine similarity)",
+        }
+
+    # -------------------------------------------------------------- contexts
+    def _selection(self, context: str | None) -> tuple[tuple[str, float], ...]:
+        """The canonical selection: sets with positive proportions, summing to 1."""
+        if self.anchors is None:
+            raise FieldError("model", "this geometry needs anchors, but the service has none (start it with --anchors)")
+        try:
+            sel = None if context is None or not context.strip() else anchorsfile._parse_selection(context, "context")
+            names, props = anchorsfile._select(list(self.anchors.sets), self.anchors.mix, sel, "context",
+                                               self.anchors.path)
+        except ValueError as exc:
+            raise FieldError("context", str(exc).removeprefix("context: ")) from None
+        total = sum(props)
+        return tuple((n, round(p / total, 6)) for n, p in zip(names, props) if p > 0)
+
+    def context_key(self, model: str | None = None, context: str | None = None, tau: float | None = None,
+                    params: dict | None = None, symmetric: bool = True) -> ContextKey:
+        """Validate and canonicalize a context."""
+        model = self.default_model if model is None else model
+        if model not in registry():
+            raise FieldError("model", f"unknown geometry {model!r}; choose from {', '.join(registry())}")
+        selection = self._selection(context) if model in ANCHOR_MODELS else ()
+        t = None
+        if model in TAU_MODELS:
+            t = tau if tau is not None else self.tau
+            if t is None:
+                raise FieldError("tau", f"geometry {model!r} needs a temperature and the service knows none")
+        clean = []
+        for name, value in (params or {}).items():
+            kind = MODEL_PARAMS.get(model, {}).get(name)
+            field = f"params.{name}"
+            if kind is None:
+                allowed = ", ".join(MODEL_PARAMS.get(model, {})) or "none"
+                raise FieldError(field, f"is not a parameter of {model!r} (parameters: {allowed})")
+            if kind == "rank" and isinstance(value, float) and not value.is_integer():
+                if not 0 < value <= 1:
+                    raise FieldError(field, f"must be an int k or a variance fraction in (0, 1], got {value}")
+            else:
+                value = v.integer({field: value}, field, lo=1 if name != "seed" else 0,
+                                  hi=self.dim if kind == "rank" else (64 if name == "n_components" else 2**31))
+            clean.append((name, value))
+        return ContextKey(model, selection, None if t is None else float(t), tuple(sorted(clean)), bool(symmetric))
+
+    def context(self, key: ContextKey) -> Context:
+        """The cached context for ``key`` (fitted and featurized once)."""
+        return self.contexts.get_or_build(key, lambda: self._build(key))
+
+    def _build(self, key: ContextKey) -> tuple[Context, int]:
+        start = time.perf_counter()
+        anchors, owners = None, []
+        if key.selection:
+            sets = [self.anchors.sets[n] for n, _ in key.selection]
+            anchors = sets[0] if len(sets) == 1 else AnchorSet.mixture(sets, [p for _, p in key.selection])
+            owners = [n for n, _ in key.selection for _ in range(len(self.anchors.sets[n]))]
+        params = dict(key.params)
+        if key.tau is not None:
+            params["tau"] = key.tau
+        try:
+            model = make_model(key.model, **params).fit(anchors)
+        except ValueError as exc:
+            raise FieldError("params" if key.params else "model", f"cannot fit {key.name}: {exc}") from None
+        keys = model.key_features(self.G, symmetric=key.symmetric)
+        size = _nbytes(keys, *vars(model).values()) + 4096
+        return Context(key, model, keys, anchors, owners, time.perf_counter() - start), size
+
+    # ---------------------------------------------------------------- queries
+    def _encoder_for(self, field: str, images: bool = False) -> Any:
+        if self.encoder is None:
+            raise FieldError(field, "this service has no encoder (start it with --encoder); query by row or id")
+        if images and not self.image_queries:
+            raise FieldError(field, f"the encoder {getattr(self.encoder, 'name', '')!r} has no image tower; "
+                                    "query by text, row or id")
+        return self.encoder
+
+    def _checked(self, vec: Any, field: str) -> np.ndarray:
+        vec = np.asarray(vec, dtype=np.float32).reshape(-1)
+        if vec.shape[0] != self.dim:
+            raise FieldError(field, f"the encoder gives dimension {vec.shape[0]} but the collection has {self.dim}")
+        return vec
+
+    def embed_text(self, text: str) -> np.ndarray:
+        """A text query's embedding (cached)."""
+        enc = self._encoder_for("text")
+
+        def build():
+            with self._encode_lock:
+                vec = self._checked(enc.encode_text([text])[0], "text")
+            return vec, vec.nbytes + len(text)
+
+        return self._texts.get_or_build(text, build)
+
+    def embed_image(self, data: bytes) -> np.ndarray:
+        """An uploaded image's embedding."""
+        enc = self._encoder_for("image", images=True)
+        if len(data) > v.MAX_IMAGE_BYTES:
+            raise FieldError("image", f"is larger than {v.MAX_IMAGE_BYTES} bytes", 413)
+        from PIL import Image
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                with Image.open(io.BytesIO(data)) as f:
+                    f.load()
+                    im = f.convert("RGB")
+        except Exception:
+            raise FieldError("image", "is not a readable image file") from None
+        with self._encode_lock:
+            return self._checked(enc.encode_images([im])[0], "image")
+
+    def find_row(self, value: Any, field: str = "id") -> int:
+        """A row number from a value of the ``id`` column, else from a row number."""
+        if "id" in self.columns:
+            if self._id_rows is None:
+                self._id_rows = {}
+                for r, x in enumerate(self._values["id"]):
+                    self._id_rows.setdefault(str(x), r)
+            if str(value) in self._id_rows:
+                return self._id_rows[str(value)]
+        try:
+            row = int(str(value))
+        except ValueError:
+            raise FieldError(field, f"{value!r} is neither a value of the 'id' column nor a row number", 404) from None
+        return self.check_row(row, field)
+
+    def check_row(self, row: Any, field: str = "row") -> int:
+        if isinstance(row, bool) or not isinstance(row, int):
+            raise FieldError(field, f"must be an integer row number, got {row!r}")
+        if not 0 <= row < self.n:
+            raise FieldError(field, f"row {row} is out of range; the collection has {self.n} rows (0..{self.n - 1})",
+                             404)
+        return row
+
+    def _query(self, data: dict, image: bytes | None) -> tuple[np.ndarray, dict, int | None]:
+        given = [f for f in ("text", "row", "id", "embedding") if data.get(f) is not None]
+        if image is not None:
+            given.append("image")
+        if len(given) != 1:
+            raise FieldError("query", "give exactly one of text, row, id, embedding or image"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        kind = given[0]
+        if kind == "text":
+            text = v.string(data, "text")
+            return self.embed_text(text), {"kind": "text", "text": text}, None
+        if kind == "image":
+            return self.embed_image(image), {"kind": "image"}, None
+        if kind == "embedding":
+            vec = np.asarray(v.embedding(data["embedding"], self.dim), dtype=np.float32)
+            return vec, {"kind": "embedding"}, None
+        row = self.check_row(data["row"]) if kind == "row" else self.find_row(data["id"])
+        info = {"kind": kind, "row": row, "text": self.item_text(row), "labels": self.labels_of(row)}
+        return self.G[row].numpy().copy(), info, row
+
+    # ----------------------------------------------------------------- items
+    def item_text(self, row: int) -> str | None:
+        if self.item_column is None:
+            return None
+        value = self._values[self.item_column][row]
+        return None if value is None else (os.path.basename(str(value)) if self.item_column == "image_path"
+                                           else str(value))
+
+    def labels_of(self, row: int) -> dict:
+        return {c: _plain(self._values[c][row]) for c in self.label_columns}
+
+    def item(self, row: int) -> dict:
+        """What ``GET /api/items/{id}`` returns."""
+        return {"id": row, "text": self.item_text(row), "labels": self.labels_of(row),
+                "metadata": {c: _plain(self._values[c][row]) for c in self.columns if c != "image_path"},
+                "thumbnail": f"/api/thumb/{row}" if self.has_images else None}
+
+    def _image_file(self, row: int) -> Path | None:
+        raw = self._values["image_path"][row]
+        if not isinstance(raw, str) or not raw:
+            return None
+        p = Path(raw)
+        if not p.is_absolute() and not p.exists() and self.root is not None and (self.root / p).exists():
+            p = self.root / p
+        return p
+
+    def thumbnail(self, row: int) -> bytes:
+        """JPEG thumbnail of row ``row``'s own image file (the only files ever opened)."""
+        from ..report import _Skip, _thumbnail
+
+        if not self.has_images:
+            raise FieldError("id", "this collection holds no images", 404)
+        row = self.check_row(row, "id")
+
+        def build():
+            path = self._image_file(row)
+            if path is None:
+                raise FieldError("id", f"item {row} has no image file", 404)
+            try:
+                im = _thumbnail(os.fspath(path), THUMB_PX)
+            except _Skip as exc:
+                raise FieldError("id", f"the image of item {row} cannot be shown ({exc.reason})", 404) from None
+            buf = io.BytesIO()
+            im.save(buf, format="JPEG", quality=85)
+            return buf.getvalue(), len(buf.getvalue())
+
+        return self._thumbs.get_or_build(row, build)
+
+    # ---------------------------------------------------------------- search
+    def _filter_rows(self, spec: dict[str, list]) -> np.ndarray | None:
+        if not spec:
+            return None
+
+        def build():
+            mask = np.ones(self.n, dtype=bool)
+            for col, values in spec.items():
+                mask &= self.meta[col].isin(values).to_numpy()
+            rows = np.flatnonzero(mask)
+            return rows, rows.nbytes + 64
+
+        key = tuple((c, tuple(map(repr, vals))) for c, vals in sorted(spec.items()))
+        return self._filters.get_or_build(key, build)
+
+    def _knn(self, ctx: Context, q: np.ndarray, k: int, own: int | None,
+             rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k rows of the collection (or of ``rows``) for one query, ``own`` left out."""
+        qt = torch.from_numpy(q[None])
+        sym = ctx.key.symmetric
+        offsets, phi = ctx.model.query_offsets(qt, symmetric=sym), ctx.model.query_features(qt, symmetric=sym)
+        keys = ctx.keys if rows is None else ctx.keys[torch.from_numpy(rows)]
+        exclude, left = None, keys.shape[0]
+        if own is not None:
+            pos = own if rows is None else int(np.searchsorted(rows, own))
+            if rows is None or (pos < len(rows) and rows[pos] == own):
+                exclude, left = torch.tensor([[pos]]), left - 1
+        k = min(k, left)
+        if k <= 0:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        d, i = knn(offsets, phi, keys, k, exclude=exclude)
+        i = i[0].numpy()
+        return d[0].numpy(), (i if rows is None else rows[i])
+
+    def _index_search(self, name: str, q: np.ndarray, k: int, own: int | None,
+                      rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        idx = self.indexes[name]
+        if rows is not None:  # a filter: exact search of the matching rows with the index's model
+            keep = rows if own is None else rows[rows != own]
+            k = min(k, len(keep))
+            if k <= 0:
+                return np.zeros(0), np.zeros(0, dtype=np.int64)
+            d, i = idx.model.search(q[None], self.G[torch.from_numpy(keep)].numpy(), k=k, symmetric=idx.symmetric)
+            return np.asarray(d[0]), keep[np.asarray(i[0])]
+        k = min(k, len(idx) - (own is not None))
+        d, ids = idx.search(q[None], k=k, exclude=None if own is None else np.array([[own]]))
+        keep = ids[0] >= 0
+        return np.asarray(d[0])[keep], ids[0][keep]
+
+    def why(self, ctx: Context, q: np.ndarray, top: int = 3) -> list[dict]:
+        """The anchors the query puts the most mass on: p(i | q) ∝ wᵢ exp(qᵀγᵢ / τ)."""
+        A = ctx.anchors
+        if A is None or not A.texts:
+            return []
+        tau = ctx.key.tau or self.tau or 1.0
+        E = A.embeddings.to(torch.float64)
+        logits = torch.log(A.weights.to(torch.float64)) + E @ torch.from_numpy(q).to(torch.float64) / tau
+        p = torch.softmax(logits, 0)
+        mass, idx = torch.topk(p, min(top, len(A)))
+        return [{"anchor": A.texts[i], "set": ctx.anchor_sets[i] if ctx.anchor_sets else None, "mass": float(m)}
+                for m, i in zip(mass.tolist(), idx.tolist())]
+
+    def hit(self, rank: int, row: int, dist: float) -> dict:
+        out = self.item(row)
+        return {"rank": rank, "id": out.pop("id"), "distance": float(dist), "similarity": 1.0 - float(dist), **out}
+
+    def search(self, data: dict, image: bytes | None = None, form: bool = False) -> dict:
+        """``POST /api/search``: validate ``data`` and return the neighbours."""
+        start = time.perf_counter()
+        if form:
+            data = {key: value for key, value in data.items() if value not in (None, "")}
+        v.check_fields(data, SEARCH_FIELDS)
+        if form:
+            for f in ("row", "embedding"):
+                if f in data:
+                    data[f] = v.json_field(data, f, form=True)
+        k = v.integer(data, "k", 10, 1, v.MAX_K, form=form)
+        symmetric = v.boolean(data, "symmetric", True, form=form)
+        include_self = v.boolean(data, "include_self", False, form=form)
+        spec = v.filter_spec(v.json_field(data, "filter", form=form), self.columns)
+        index = v.string(data, "index", max_len=200)
+        model = v.string(data, "model", max_len=64)
+        context = v.string(data, "context", max_len=v.MAX_CONTEXT, allow_empty=True)
+        tau = v.number(data, "tau", None, *v.TAU_RANGE, form=form)
+        params = v.json_field(data, "params", form=form)
+        if params is not None and not isinstance(params, dict):
+            raise FieldError("params", 'must be an object such as {"rank": 8}')
+        if index is not None:
+            if index not in self.indexes:
+                raise FieldError("index", f"unknown index {index!r}; indexes: {', '.join(self.indexes) or '(none)'}")
+            for f in ("model", "context", "tau", "params"):
+                if data.get(f) is not None:
+                    raise FieldError(f, "cannot be combined with index (the index holds its model)")
+        key = None if index is not None else self.context_key(model, context, tau, params, symmetric)
+        q, qinfo, own = self._query(data, image)
+        own = None if include_self else own
+        rows = self._filter_rows(spec)
+        if index is not None:
+            d, i = self._index_search(index, q, k, own, rows)
+            ctx_info = {"name": f"index:{index}", "index": index, "backend": self.indexes[index].backend}
+            why: list = []
+        else:
+            ctx = self.context(key)
+            d, i = self._knn(ctx, q, k, own, rows)
+            ctx_info = {"name": key.name, "model": key.model, "anchors": key.anchors, "tau": key.tau,
+                        "params": dict(key.params), "symmetric": key.symmetric,
+                        "n_anchors": 0 if ctx.anchors is None else len(ctx.anchors)}
+            why = self.why(ctx, q)
+        results = [self.hit(r + 1, int(row), dist) for r, (dist, row) in enumerate(zip(d.tolist(), i.tolist()))]
+        return {"query": qinfo, "context": ctx_info, "k": k, "filter": spec or None, "results": results,
+                "why": why, "took_ms": round(1000 * (time.perf_counter() - start), 3)}
+
+    # ------------------------------------------------------ clip-retrieval
+    def knn_service(self, data: dict) -> list[dict]:
+        """``POST /knn-service`` in clip-retrieval's shape: a list of ``{id, similarity, **metadata}``."""
+        name = v.string(data, "indice_name", max_len=v.MAX_CONTEXT + 64)
+        name = self.indices_list()[0] if name is None else name
+        if v.boolean(data, "use_mclip", False):
+            raise FieldError("use_mclip", "multilingual CLIP is not available here")
+        if data.get("image_url") not in (None, ""):
+            raise FieldError("image_url", "is not supported: this service fetches nothing; send the image as base64")
+        num = v.integer(data, "num_images", 40, 1, v.MAX_K)
+        num_ids = v.integer(data, "num_result_ids", num, 1, v.MAX_K)
+        dedup = v.boolean(data, "deduplicate", False)
+        query: dict[str, Any] = {"k": min(max(num, num_ids), v.MAX_K)}
+        image = None
+        if data.get("text") not in (None, ""):
+            query["text"] = data["text"]
+        elif data.get("image") not in (None, ""):
+            import base64
+            import binascii
+
+            raw = data["image"]
+            if not isinstance(raw, str) or len(raw) > 4 * v.MAX_IMAGE_BYTES // 3 + 8:
+                raise FieldError("image", f"must be a base64 string of at most {v.MAX_IMAGE_BYTES} bytes")
+            try:
+                image = base64.b64decode(raw, validate=True)
+            except (binascii.Error, ValueError):
+                raise FieldError("image", "is not valid base64") from None
+        elif data.get("embedding_input") is not None:
+            query["embedding"] = data["embedding_input"]
+        else:
+            raise FieldError("text", "give one of text, image or embedding_input")
+        if name.startswith("index:"):
+            query["index"] = name[len("index:"):]
+        else:
+            model, _, anchors = name.partition(":")
+            query["model"] = model
+            if anchors:
+                query["context"] = anchors
+            elif model in ANCHOR_MODELS:
+                raise FieldError("indice_name", f"{name!r} names no anchors; use MODEL:SET, e.g. "
+                                                f"{(self.indices_list() + ['softmax:SET'])[-1]!r}")
+        try:
+            if "embedding" in query:
+                query["embedding"] = v.embedding(query["embedding"], self.dim, "embedding_input")
+            res = self.search(query, image=image)
+        except FieldError as exc:
+            field = {"context": "indice_name", "model": "indice_name", "index": "indice_name",
+                     "k": "num_images", "embedding": "embedding_input"}.get(exc.field, exc.field)
+            raise FieldError(field, exc.message, exc.status) from None
+        out, seen = [], set()
+        for hit in res["results"]:
+            if dedup:
+                digest = self.G[hit["id"]].numpy().tobytes()
+                if digest in seen:
+                    continue
+                seen.add(digest)
+            meta = self.clip_metadata(hit["id"])
+            out.append({**meta, "id": hit["id"], "similarity": hit["similarity"]})
+        return out[:num]
+
+    def clip_metadata(self, row: int) -> dict:
+        """A row's metadata fields as clip-retrieval returns them (``caption``, ``image_path``, labels...)."""
+        meta = {c: _plain(self._values[c][row]) for c in self.columns}
+        if self.item_column in ("text",) and "caption" not in meta:
+            meta["caption"] = meta[self.item_column]
+        if self.has_images:
+            meta["image_path"] = self.item_text(row)  # the file name only, never the server's path
+            meta["url"] = f"/api/thumb/{row}"
+        return meta
+
+    def metadata(self, data: dict) -> list[dict]:
+        """``POST /metadata``: ``[{"id": id, "metadata": {...}}]`` for the given ids."""
+        ids = data.get("ids")
+        if not isinstance(ids, list):
+            raise FieldError("ids", "must be a list of ids")
+        if len(ids) > v.MAX_IDS:
+            raise FieldError("ids", f"has more than {v.MAX_IDS} ids")
+        name = data.get("indice_name")
+        if name is not None and (not isinstance(name, str) or len(name) > v.MAX_CONTEXT + 64):
+            raise FieldError("indice_name", "must be a string")
+        out = []
+        for i in ids:
+            row = self.check_row(i, "ids")
+            meta = self.clip_metadata(row)
+            if self.has_images:
+                import base64
+
+                try:
+                    meta["image"] = base64.b64encode(self.thumbnail(row)).decode("ascii")
+                except FieldError:
+                    pass
+            out.append({"id": row, "metadata": meta})
+        return out

@@ -1,0 +1,223 @@
+"""The web page of ``anchordiv serve`` in Debian's Chromium, driven by Playwright.
+
+The page runs a query, the mixture slider moves (by keyboard and by value), a result is
+clicked, and side-by-side mode shows three contexts; every neighbour list on screen is
+compared with the API's answer for the same request. Set ``ANCHORDIV_SCREENSHOT=PATH``
+to keep a screenshot of the side-by-side view.
+"""
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+httpx = pytest.importorskip("httpx")
+sync_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = shutil.which("chromium")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
+                                                         "(make setup installs it: apt-get install chromium)")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+QUERY = "a husky in a raincoat on a sandy beach"
+
+from anchordiv.serve import ServerThread, Service, create_app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server():
+    from anchordiv.serve.demo import demo_service
+
+    try:
+        svc = demo_service(360, 0, "minilm")
+    except Exception as exc:  # pragma: no cover - depends on the environment
+        pytest.skip(f"the minilm encoder is not available: {exc}")
+    with ServerThread(create_app(svc)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    pg = browser.new_page(viewport={"width": 1500, "height": 1100})
+    pg.requests = []
+    pg.on("request", lambda r: pg.requests.append(r.url))
+    pg.errors = []
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.goto(server.url + "/")
+    pg.wait_for_selector("body[data-ready=true]")
+    yield pg
+    assert not pg.errors
+    assert all(u.startswith(server.url + "/") for u in pg.requests), pg.requests  # nothing leaves the server
+    pg.close()
+
+
+def api(server, body):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        resp = c.post("/api/search", json=body)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+
+def wait_ready(pg, n_columns=1):
+    pg.wait_for_function(
+        "n => { const r = document.getElementById('results');"
+        " return r.dataset.state === 'ready' && r.querySelectorAll('.column[data-state=ready]').length === n; }",
+        arg=n_columns)
+
+
+def shown(pg):
+    """Per column: model, context and the ids and texts of its cards, as on screen."""
+    return pg.eval_on_selector_all(".column", """cols => cols.map(c => ({
+        model: c.dataset.model, context: c.dataset.context,
+        ids: [...c.querySelectorAll('.card')].map(b => Number(b.dataset.id)),
+        texts: [...c.querySelectorAll('.card .text')].map(p => p.textContent),
+        why: (c.querySelector('.why') || {}).textContent || ''}))""")
+
+
+def check_against_api(server, column, query, k=12):
+    body = {**query, "model": column["model"], "k": k}
+    if column["context"]:
+        body["context"] = column["context"]
+    data = api(server, body)
+    assert column["ids"] == [h["id"] for h in data["results"]]
+    assert column["texts"] == [h["text"] for h in data["results"]]
+    return data
+
+
+def test_controls_are_labelled_and_keyboard_reachable(page):
+    unlabelled = page.eval_on_selector_all(
+        "input, select", "els => els.filter(e => !e.labels || e.labels.length === 0).map(e => e.id)")
+    assert unlabelled == []
+    assert page.get_attribute("#mix", "type") == "range"
+    page.focus("#q")
+    page.keyboard.type("a corgi")
+    page.keyboard.press("Enter")
+    wait_ready(page)
+    page.focus(".card")  # result cards are buttons: Enter makes one the query
+    first = shown(page)[0]["ids"][0]
+    page.keyboard.press("Enter")
+    page.wait_for_function("id => document.getElementById('query-text').textContent.includes('item #' + id)",
+                           arg=first)
+    wait_ready(page)
+    assert first not in shown(page)[0]["ids"]
+
+
+def test_query_and_mixture_slider_match_the_api(page, server):
+    page.select_option("#model", "softmax")
+    page.select_option("#set-a", "breeds")
+    page.select_option("#set-b", "places")
+    page.fill("#q", QUERY)
+    page.click("#search-button")
+    wait_ready(page)
+    col = shown(page)[0]
+    assert col["context"] == "breeds:0.5,places:0.5"
+    data = check_against_api(server, col, {"text": QUERY})
+    assert "Why:" in col["why"] and data["why"][0]["anchor"] in col["why"]
+    seen = {0.5: col["ids"]}
+    # keyboard: two steps left on the slider (0.05 each) give p = 0.4
+    page.focus("#mix")
+    page.keyboard.press("ArrowLeft")
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("document.querySelector('.column').dataset.context === 'breeds:0.4,places:0.6'")
+    wait_ready(page)
+    assert page.text_content("#mix-out") == "breeds 0.4 · places 0.6"
+    col = shown(page)[0]
+    check_against_api(server, col, {"text": QUERY})
+    for p, context in ((1, "breeds"), (0, "places"), (0.8, "breeds:0.8,places:0.2")):
+        page.fill("#mix", str(p))
+        page.wait_for_function("c => document.querySelector('.column').dataset.context === c", arg=context)
+        wait_ready(page)
+        col = shown(page)[0]
+        check_against_api(server, col, {"text": QUERY})
+        seen[p] = col["ids"]
+    assert seen[1] != seen[0] and seen[0.5] != seen[1] and seen[0.5] != seen[0]
+    # breeds alone: every neighbour is a husky; places alone: every neighbour is on a beach
+    meta = {h["id"]: h["labels"] for h in api(server, {"text": QUERY, "context": "breeds", "k": 12})["results"]}
+    assert {meta[i]["breed"] for i in seen[1]} == {"husky"}
+    beach = api(server, {"text": QUERY, "context": "places", "k": 12})["results"]
+    assert {h["labels"]["place"] for h in beach} == {"beach"} and [h["id"] for h in beach] == seen[0]
+
+
+def test_side_by_side_columns_differ_and_match_the_api(page, server):
+    page.fill("#q", QUERY)
+    page.press("#q", "Enter")
+    wait_ready(page)
+    page.check("#side")
+    wait_ready(page, 3)
+    cols = shown(page)
+    assert [c["context"] for c in cols] == ["breeds", "places", "clothing"]
+    for c in cols:
+        check_against_api(server, c, {"text": QUERY})
+    assert len({tuple(c["ids"]) for c in cols}) == 3
+    assert len(set(cols[0]["ids"]) & set(cols[1]["ids"])) < 6
+    # chips: under breeds every card is a husky, and the query's own labels are highlighted for a row query
+    page.click(".column[data-context=clothing] .card")
+    wait_ready(page, 3)
+    chips = page.eval_on_selector_all(".column[data-context=clothing] .chip.match", "els => els.length")
+    assert chips >= 12  # every neighbour shares the query's clothing
+    page.select_option("#col-1", "cosine")
+    wait_ready(page, 3)
+    cols = shown(page)
+    assert cols[1]["model"] == "cosine" and cols[1]["context"] == ""
+    query = int(page.text_content("#query-text").split("#")[1].split(":")[0])
+    for c in cols:
+        check_against_api(server, c, {"row": query})
+    target = os.environ.get("ANCHORDIV_SCREENSHOT")
+    if target:
+        page.screenshot(path=target, full_page=True)
+
+
+class _TextStub:
+    name, tau, has_images, dim = "stub", 0.05, False, 8
+
+    def encode_text(self, texts):
+        out = []
+        for t in texts:
+            v = np.random.default_rng(int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)).normal(size=8)
+            out.append((v / np.linalg.norm(v)).astype(np.float32))
+        return np.stack(out)
+
+
+def test_strings_from_data_are_shown_as_text(browser):
+    """Captions, labels and anchor phrases with markup reach the page as text, never as HTML."""
+    import pandas as pd
+
+    import anchordiv as ad
+    from anchordiv.anchorsfile import EmbeddedAnchors
+    from anchordiv.io import Collection
+
+    evil = '<img src=x onerror="window.__pwned=1">'
+    enc = _TextStub()
+    texts = [f"{evil} item {i}" if i % 2 else f"<b>bold</b> item {i}" for i in range(20)]
+    X = enc.encode_text(texts)
+    meta = pd.DataFrame({"caption": texts, "label": [evil if i % 3 else "<i>x</i>" for i in range(20)]})
+    sets = {"evil": ad.AnchorSet(enc.encode_text(["a", "b"]), texts=[evil, "<script>window.__pwned=2</script>"])}
+    svc = Service(Collection(X, metadata=meta, kind="text", tau=0.05, encoder="stub", path="<coll>"),
+                  EmbeddedAnchors(path=Path("a.yaml"), sets=sets, mix={"evil": 1.0},
+                                  encoder="stub", tau=0.05), enc, title=f"{evil} title")
+    with ServerThread(create_app(svc)) as s:
+        pg = browser.new_page()
+        pg.goto(s.url + "/")
+        pg.wait_for_selector("body[data-ready=true]")
+        pg.fill("#q", evil)
+        pg.press("#q", "Enter")
+        wait_ready(pg)
+        texts_shown = shown(pg)[0]["texts"]
+        assert len(texts_shown) == 12 and all(t in texts for t in texts_shown)
+        assert pg.evaluate("window.__pwned") is None
+        assert pg.eval_on_selector_all("img, b, i, script:not([src])", "els => els.length") == 0
+        assert evil in pg.text_content("#title") and evil in pg.text_content(".why")
+        assert "&lt;img src=x" in pg.inner_html("#results")  # escaped by textContent
+        pg.close()
