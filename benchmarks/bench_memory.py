@@ -170,6 +170,8 @@ def where(stack: list[str]) -> str:
 
 
 def run(quick: bool = False, log=print) -> dict:
+    from bench_search import source_state
+
     cfg = QUICK if quick else FULL
     t_start = time.perf_counter()
     d = cfg["d"]
@@ -274,7 +276,8 @@ Wall time {wall:.0f} s.
                                  not bad, measured_s, ("quick sizes; " if quick else "") +
                                  "; ".join(f"{r['budget'] // MiB} MiB: {r.get('ratio', float('nan')):.2f}×" for r in bad)))
     text = bl.write_result("memory", "Peak memory against memory_budget", md,
-                           {"config": cfg, "rows": records, "growth": growth, "raw": raw, "wall_s": wall}, targets)
+                           {"config": cfg, "rows": records, "growth": growth, "raw": raw, "wall_s": wall,
+                            "source": source_state()}, targets)
     return {"markdown": text, "targets": targets}
 
 

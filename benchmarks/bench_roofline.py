@@ -18,7 +18,7 @@ import torch
 
 import benchlib as bl
 
-FULL = {"n": 4096, "Ns": [2 ** e for e in range(12, 17)], "gemm": 4096, "rounds": 5}
+FULL = {"n": 4096, "Ns": [2 ** e for e in range(12, 17)], "gemm": 4096, "rounds": 8}
 QUICK = {"n": 512, "Ns": [2 ** e for e in range(12, 15)], "gemm": 2048, "rounds": 3}
 #: Fraction of the GEMM peak every N should reach.
 TARGET_FRACTION = 0.7

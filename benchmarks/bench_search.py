@@ -146,6 +146,18 @@ def mmap_blocks(paths: list[Path]):
             yield torch.from_numpy(np.load(p, mmap_mode="r"))
 
 
+def source_state() -> dict:
+    """The commit and the uncommitted files under src/ that a run measured (read-only git)."""
+    import subprocess
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=bl.ROOT, capture_output=True, text=True, timeout=30).stdout.rstrip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "HEAD"), "modified_src": git("status", "--porcelain", "--", "src").splitlines()}
+
+
 # ---------------------------------------------------------------------- reference
 def split(blocks, rows: int):
     """(start, block) pieces of at most ``rows`` rows, from one tensor or an iterable of them."""
@@ -438,7 +450,8 @@ rows (above all those with 1–2 repetitions) can be off by tens of percent; com
                 for r in sorted(misses, key=lambda r: r["ratio"])[:4]) if misses else "")))
     text = bl.write_result("search", "Exact search against raw torch GEMM + topk", md,
                            {"config": cfg, "cluster_radius": radius, "rows": rec.rows, "timings_s": timings,
-                            "stream": stream_info, "wall_s": wall, "loadavg": [load_before, load_after]}, targets)
+                            "stream": stream_info, "wall_s": wall, "loadavg": [load_before, load_after],
+                            "source": source_state()}, targets)
     return {"markdown": text, "targets": targets}
 
 

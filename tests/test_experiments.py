@@ -94,7 +94,7 @@ def test_score_matches_exclude_self(world):
     ref = mean_average_precision(D_, relevance_from_labels(data.labels["a"], data.labels["a"]), exclude_self=True)
     np.testing.assert_allclose(ap, ref.per_query, atol=1e-12)
     # chunked computation and an overlapping query/key split drop the pair (i, i) the same way
-    np.testing.assert_allclose(score(g, data, ["a"], chunk_elements=500)["a"], ref.per_query, atol=1e-12)
+    np.testing.assert_allclose(score(g, data, ["a"], memory_budget=4000)["a"], ref.per_query, atol=1e-12)
     keys = np.arange(10, 72)
     split = EvalData.create(data.embeddings, data.labels, queries=np.arange(0, 20), keys=keys)
     got = score(g, split, ["a"])["a"]

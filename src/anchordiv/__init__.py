@@ -29,5 +29,16 @@ __version__ = "0.1.0"
 __all__ = [
     "AnchorSet", "AnchorModel", "Geometry", "NotFittedError", "Softmax", "Gaussian", "GaussianMixture",
     "LatentGaussian", "LatentSpherical", "Cosine", "ImageTextInversion", "MODELS", "make_model", "register_model", "registry",
-    "Index", "io", "metrics", "search", "special",
+    "Index", "io", "metrics", "search", "special", "encoders", "integrations",
 ]
+
+# Imported on first access (``ad.encoders.load(...)``), so that ``import anchordiv`` stays light.
+_LAZY_SUBMODULES = ("encoders", "integrations")
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

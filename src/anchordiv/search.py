@@ -192,6 +192,9 @@ def knn(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[
     bar = progress_bar(total=n_keys, show=show, desc=desc, unit="key")
     k0 = 0
     for psi in _key_blocks(keys, g_rows):
+        if torch.promote_types(psi.dtype, phi.dtype) != phi.dtype:  # keys kept in float64: rank in float64
+            offsets, phi = offsets.to(psi.dtype), phi.to(psi.dtype)
+            heap.distances, buffer = heap.distances.to(psi.dtype), buffer.to(psi.dtype)
         psi = psi.to(phi.dtype)
         m = psi.shape[0]
         cols = torch.arange(k0, k0 + m, device=phi.device)

@@ -314,25 +314,39 @@ class Encoder:
     # ----------------------------------------------------------------- plumbing
     def _run(self, items: list[Any], batch_fn: Callable[[list[Any]], Any],
              batch_size: int | None, progress: bool | None, kind: str) -> np.ndarray:
+        """Embed ``items`` in batches and return unit-norm float32 rows in input order.
+
+        Texts are processed longest first (by character count, as sentence-transformers'
+        ``encode`` does), so each batch holds texts of similar length and is padded
+        little; every text is tokenised once, in its batch. The rows are written into one
+        preallocated array at their input positions (no concatenation, no reordering copy).
+        """
         from tqdm.auto import tqdm
 
         bs = self.batch_size if batch_size is None else check_batch_size(batch_size)
         n = len(items)
         show = (n > PROGRESS_MIN_BATCHES * bs) if progress is None else bool(progress)
-        chunks: list[np.ndarray] = []
+        if kind == "text" and n > bs:
+            order = np.argsort([-len(t) for t in items], kind="stable")
+        else:
+            order = np.arange(n)
+        out: np.ndarray | None = None
         with torch.inference_mode(), tqdm(total=n, unit=kind, desc=f"{self.name} {kind}s",
                                           disable=not show) as bar:
             for start in range(0, n, bs):
-                batch = items[start:start + bs]
+                rows = order[start:start + bs]
+                batch = [items[i] for i in rows]
                 emb = _to_numpy(batch_fn(batch))
                 if emb.ndim != 2 or emb.shape[0] != len(batch):
                     raise RuntimeError(
                         f"encoder {self.name!r} returned shape {emb.shape} for a batch of "
                         f"{len(batch)} {kind}s; expected ({len(batch)}, d)."
                     )
-                chunks.append(emb)
+                if out is None:
+                    out = np.empty((n, emb.shape[1]), dtype=np.float32)
+                out[rows] = emb
                 bar.update(len(batch))
-        out = np.concatenate(chunks, axis=0)
+        assert out is not None
         if not np.isfinite(out).all():
             raise RuntimeError(f"encoder {self.name!r} produced NaN or inf embeddings.")
         norms = np.linalg.norm(out, axis=1, keepdims=True)
@@ -341,4 +355,4 @@ class Encoder:
         out /= norms
         if self._dim is None:
             self._dim = int(out.shape[1])
-        return out.astype(np.float32, copy=False)
+        return out

@@ -60,8 +60,8 @@ BASELINES = model_names(anchor_model=False)
 ALL_MODELS = ANCHOR_MODELS + BASELINES
 
 
-#: Elements of one block of query-key distances.
-CHUNK_ELEMENTS = 1 << 22
+#: Bytes of one block of float64 query-key distances in :func:`score`.
+SCORE_MEMORY_BUDGET = 32 * 2**20
 
 
 # --------------------------------------------------------------------------- data
@@ -388,7 +388,7 @@ def _merge_noise_ties(D: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 
 def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.ndarray | None = None,
-          chunk_elements: int = CHUNK_ELEMENTS) -> dict[str, np.ndarray]:
+          memory_budget: int = SCORE_MEMORY_BUDGET) -> dict[str, np.ndarray]:
     """Per-query average precision of a fitted geometry on each factor.
 
     Parameters
@@ -402,8 +402,8 @@ def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.nda
         Factors to score; relevance on a factor is "same label".
     queries : numpy.ndarray, optional
         Row indices of the queries (default: ``data.queries``).
-    chunk_elements : int, optional
-        Query-key distances held at once.
+    memory_budget : int, optional
+        Bytes of the float64 query-key distances held at once.
 
     Returns
     -------
@@ -424,8 +424,7 @@ def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.nda
     q_idx = data.queries if queries is None else np.asarray(queries)
     k_idx = data.keys
     X = data.embeddings
-    step = q_idx.size if q_idx.size * k_idx.size <= chunk_elements else \
-        max(1, chunk_elements // max(1, k_idx.size))
+    step = max(1, min(q_idx.size, int(memory_budget) // (8 * max(1, k_idx.size))))
     k, _ = geometry._input(X[k_idx], "G")
     key_psi = geometry._key_terms(k, True)
     key_pos = {int(r): j for j, r in enumerate(k_idx)}

@@ -41,6 +41,9 @@ class ExactBackend(Backend):
     def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
         if self.dtype is None:
             self.dtype = psi.dtype
+        elif torch.promote_types(psi.dtype, self.dtype) != self.dtype:  # features that need float64
+            self.dtype = psi.dtype
+            self.blocks = [b.to(self.dtype) for b in self.blocks]
         psi = psi.to(self.dtype)
         blocks = list(self.blocks)
         start = 0

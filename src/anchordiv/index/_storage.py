@@ -18,7 +18,8 @@ from ..models import model_name, registry
 from ..models.base import Geometry
 
 FORMAT = "anchordiv.Index"
-VERSION = 1
+#: 2: symmetric key features in centred λ units (version 1 files hold η-unit features).
+VERSION = 2
 
 
 # ------------------------------------------------------------------- geometry

@@ -247,6 +247,17 @@ class AnchorModel(Geometry):
     Subclasses implement ``_fit``, ``_cgf_and_grad`` (and optionally ``_grad``) and,
     for latent models, ``_natural_params``. Everything else is shared.
 
+    The symmetric feature maps are written in λ units and centred on c = ∇κ(0)
+    (``center_``), which leaves eq. F.1 unchanged and keeps every feature O(1) for
+    unit-norm inputs (in η units they grow like 1/τ):
+
+    .. math::
+
+        d_\\mathrm{sym}(q, g) = \\frac{1}{2\\tau}(\\lambda'_q - \\lambda'_g)^\\top(\\mu'_q - \\mu'_g),
+        \\qquad \\lambda' = \\tau\\eta - c,\\ \\mu' = \\nabla\\kappa(\\eta) - c,
+
+    so o(q) = λ'_qᵀμ'_q/2τ, φ(q) = [λ'_q, μ'_q, 1]/2τ and ψ(g) = [μ'_g, λ'_g, −λ'_gᵀμ'_g].
+
     Parameters
     ----------
     tau : float, optional
@@ -298,6 +309,9 @@ class AnchorModel(Geometry):
 
     def _end_fit(self, anchors: AnchorSet) -> "AnchorModel":
         self.dim_ = anchors.dim
+        if not self.tags().euclidean:  # c = ∇κ(0), the mean of the anchor distribution
+            zero = torch.zeros(1, self.natural_dim_, dtype=torch.float64, device=self.device_)
+            self.center_ = self._grad(zero)[0]
         return self
 
     def _fit(self, anchors: AnchorSet) -> None:
@@ -335,19 +349,24 @@ class AnchorModel(Geometry):
         cat = torch.cat
         return cat(etas), (cat(cgfs) if need_cgf else None), cat(grads)
 
+    def _centred(self, eta: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(τη − c, ∇κ − c) with c = ``center_``: O(1) vectors for unit-norm inputs."""
+        c = self.center_.to(g.dtype)
+        return self.tau_ * eta - c, g - c
+
     def _query_terms(self, Q: torch.Tensor, symmetric: bool):
         eta, k, g = self._stats(Q, need_cgf=not symmetric)
-        dot = (eta * g).sum(1)
         if symmetric:
-            one = torch.ones_like(dot)[:, None]
-            return 0.5 * dot, 0.5 * torch.cat([eta, g, one], dim=1)
-        one = torch.ones_like(dot)[:, None]
-        return dot - k, torch.cat([g, one], dim=1)
+            lam, mu = self._centred(eta, g)
+            half = 0.5 / self.tau_
+            return half * (lam * mu).sum(1), half * torch.cat([lam, mu, torch.ones_like(mu[:, :1])], dim=1)
+        return (eta * g).sum(1) - k, torch.cat([g, torch.ones_like(g[:, :1])], dim=1)
 
     def _key_terms(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
         eta, k, g = self._stats(G, need_cgf=not symmetric)
         if symmetric:
-            return torch.cat([g, eta, -(eta * g).sum(1, keepdim=True)], dim=1)
+            lam, mu = self._centred(eta, g)
+            return torch.cat([mu, lam, -(lam * mu).sum(1, keepdim=True)], dim=1)
         return torch.cat([eta, -k[:, None]], dim=1)
 
     def _divergence(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:

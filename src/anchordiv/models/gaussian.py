@@ -65,6 +65,8 @@ class Gaussian(PosteriorMixin, EuclideanModel):
     ----------
     mean_ : torch.Tensor (d,)
     covariance_ : torch.Tensor (d, d)
+    covariance_sqrt_ : torch.Tensor (d, d)
+        L with L Lᵀ = Σ; the Euclidean embedding is z = Lᵀλ / (τ√2).
     prior_ : Gaussian
         The broad fit (adapted models only).
     posterior_ : NormalInverseWishart
@@ -93,13 +95,12 @@ class Gaussian(PosteriorMixin, EuclideanModel):
         if not torch.allclose(cov, cov.T, rtol=1e-10, atol=1e-12) or float(torch.linalg.eigvalsh(cov).min()) < -1e-12:
             raise ValueError("covariance must be symmetric positive semi-definite.")
         model.tau_, model.n_anchors_, model.device_ = model._resolve_tau(), 0, mean.device
-        model.mean_, model.covariance_ = mean, cov
-        model._reset_cache()
+        model._set_moments(mean, cov)
         model.dim_ = d
         return model
 
     def _fit(self, anchors: AnchorSet) -> None:
-        self.mean_, self.covariance_ = weighted_mean_cov(anchors.embeddings, anchors.weights)
+        self._set_moments(*weighted_mean_cov(anchors.embeddings, anchors.weights))
 
     # -------------------------------------------------------------- posterior
     def _check_posterior_params(self, dim: int) -> tuple[float, float]:
@@ -112,27 +113,25 @@ class Gaussian(PosteriorMixin, EuclideanModel):
         X, counts = target_counts(target)
         niw = NormalInverseWishart.from_estimate(prior.mean_, prior.covariance_, kappa0, nu0)
         self.posterior_ = niw_update(niw, X, counts)
-        self.mean_ = self.posterior_.mean
-        self.covariance_ = self.posterior_.covariance(self.summary)
-        self._reset_cache()
+        self._set_moments(self.posterior_.mean, self.posterior_.covariance(self.summary))
 
     # ------------------------------------------------------------------ math
     def _flops_per_row(self) -> float:
         return 2.0 * self.dim_ ** 2
 
     def _grad(self, eta: torch.Tensor) -> torch.Tensor:
-        return self._cast("mean_", eta) + eta @ self._cast("covariance_", eta)
+        return self.mean_.to(eta.dtype) + eta @ self.covariance_.to(eta.dtype)
 
     def _cgf_and_grad(self, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean = self._cast("mean_", eta)
-        s_eta = eta @ self._cast("covariance_", eta)
+        mean = self.mean_.to(eta.dtype)
+        s_eta = eta @ self.covariance_.to(eta.dtype)
         return eta @ mean + 0.5 * (eta * s_eta).sum(1), mean + s_eta
 
-    def _derived(self, name: str) -> torch.Tensor:
-        if name == "derived:sqrt_cov":
-            values, vectors = symmetric_eigh(self.covariance_)
-            return vectors * values.clamp_min(0).sqrt()
-        return super()._derived(name)
+    def _set_moments(self, mean: torch.Tensor, covariance: torch.Tensor) -> None:
+        """μ, Σ and L with L Lᵀ = Σ (eigenvectors scaled by √eigenvalues), the embedding's map."""
+        self.mean_, self.covariance_ = mean, covariance
+        values, vectors = symmetric_eigh(covariance)
+        self.covariance_sqrt_ = vectors * values.clamp_min(0).sqrt()
 
     def _embed(self, X: torch.Tensor) -> torch.Tensor:
-        return X @ self._cast("derived:sqrt_cov", X) / (self.tau_ * math.sqrt(2))
+        return X @ self.covariance_sqrt_.to(X.dtype) / (self.tau_ * math.sqrt(2))

@@ -102,7 +102,7 @@ class _LatentSubspace(PosteriorMixin, EuclideanModel):
         return 2.0 * self.dim_ * self.n_components_
 
     def _project(self, X: torch.Tensor) -> torch.Tensor:
-        return X @ self._cast("components_", X).T
+        return X @ self.components_.to(X.dtype).T
 
 
 class LatentGaussian(_LatentSubspace):

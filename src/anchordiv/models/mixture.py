@@ -233,9 +233,9 @@ class GaussianMixture(PosteriorMixin, AnchorModel):
         return 2.0 * self.n_components * self.dim_ ** 2
 
     def _cgf_and_grad(self, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        means = self._cast("means_", eta)
-        s_eta = torch.einsum("bd,mde->bme", eta, self._cast("covariances_", eta))
-        logits = self._cast("log_weights_", eta) + eta @ means.T + 0.5 * (s_eta * eta[:, None, :]).sum(-1)
+        means = self.means_.to(eta.dtype)
+        s_eta = torch.einsum("bd,mde->bme", eta, self.covariances_.to(eta.dtype))
+        logits = self.log_weights_.to(eta.dtype) + eta @ means.T + 0.5 * (s_eta * eta[:, None, :]).sum(-1)
         cgf = torch.logsumexp(logits, dim=1)
         resp = torch.exp(logits - cgf[:, None])
         return cgf, resp @ means + (resp[:, :, None] * s_eta).sum(1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..anchors import AnchorSet
@@ -37,6 +39,13 @@ class Softmax(AnchorModel):
     does not grow with the number of anchors N beyond the anchors themselves.
     Reference: Kannan, Park, Veitch (2026), §2, eq. 2.2 and App. F.4.
 
+    With N ≤ d anchors the symmetric feature maps use the probabilities themselves,
+    d_sym(q, g) = ½ Σ_i (p_q,i − p_g,i)(log p_q,i − log p_g,i), i.e. o(q) = ½ Σ p_q log p_q,
+    φ(q) = ½[p_q, log p_q, 1], ψ(g) = [log p_g, p_g, −Σ p_g log p_g] (``feature_space_ =
+    "probabilities"``): 2N + 1 features computed from float64 log-probabilities, which keep
+    near one-hot softmaxes (few anchors, small τ) resolvable in float32, where differences of
+    ∇κ are not.
+
     Parameters
     ----------
     tau, logit_scale : float
@@ -69,6 +78,44 @@ class Softmax(AnchorModel):
         self.anchors_ = anchors.embeddings
         self.log_weights_ = anchors.weights.log()
         self._uniform = bool((anchors.weights == anchors.weights[0]).all())
+        # N ≤ d: the probability form below is both smaller (2N + 1 ≤ 2d + 1) and better
+        # conditioned; otherwise the centred λ-unit form of AnchorModel.
+        self.feature_space_ = "probabilities" if len(anchors) <= anchors.dim else "embedding"
+
+    # --------------------------------------------------- probability features
+    def _log_probs(self, X: torch.Tensor) -> torch.Tensor:
+        """log P(i | λ) in float64: log w_i + λᵀγ_i/τ − κ, for every anchor."""
+        logits = torch.cat([torch.addmm(self.log_weights_.to(torch.float64), x.to(torch.float64) / self.tau_,
+                                        self.anchors_.to(torch.float64).T)
+                            for x in (X[sl] for sl in self._chunks(X.shape[0], "softmax"))])
+        return logits - torch.logsumexp(logits, dim=1, keepdim=True)
+
+    def _probability_terms(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(P, log P) in the dtype of ``X``, or in float64 with a warning where that dtype
+        cannot hold them: the smallest signal, |log P| of the most probable anchor, is then
+        below the dtype's smallest normal number."""
+        logp = self._log_probs(X)
+        tiny = torch.finfo(X.dtype).tiny
+        if X.dtype != torch.float64 and bool((logp.amax(dim=1).abs() < tiny).any()):
+            warnings.warn(
+                f"{X.dtype} cannot resolve these softmax divergences at tau={self.tau_:g} (near one-hot "
+                "probabilities); computing them in float64. Indexes that store float32 (faiss, milvus) "
+                "may misorder such neighbours.", RuntimeWarning, stacklevel=4)
+            return logp.exp(), logp
+        return logp.exp().to(X.dtype), logp.to(X.dtype)
+
+    def _query_terms(self, Q: torch.Tensor, symmetric: bool):
+        if not symmetric or self.feature_space_ != "probabilities":
+            return super()._query_terms(Q, symmetric)
+        # d_sym = ½ Σ_i (p_q,i − p_g,i)(log p_q,i − log p_g,i): the symmetrized KL (Jeffreys)
+        p, logp = self._probability_terms(Q)
+        return 0.5 * (p * logp).sum(1), 0.5 * torch.cat([p, logp, torch.ones_like(p[:, :1])], dim=1)
+
+    def _key_terms(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
+        if not symmetric or self.feature_space_ != "probabilities":
+            return super()._key_terms(G, symmetric)
+        p, logp = self._probability_terms(G)
+        return torch.cat([logp, p, -(p * logp).sum(1, keepdim=True)], dim=1)
 
     def _flops_per_row(self) -> float:
         return 4.0 * self.n_anchors_ * self.dim_
