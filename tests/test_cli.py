@@ -174,6 +174,11 @@ def test_index_build_and_search_match_exact_search(ws, tmp_path):
         out = run("index", "build", ws["coll"], "--anchors", spec, "--model", "softmax", "--backend", backend,
                   *extra, "--out", path).stdout
         assert "Indexed 8 vectors" in out and path.is_file() and Path(f"{path}.anchordiv.json").is_file()
+        meta = json.loads(Path(f"{path}.anchordiv.json").read_text())
+        if backend == "faiss":  # 8 sampled rows, all of them: ef_search=64 ≥ 8 keys is exhaustive
+            assert "recall@10 against exact search on 8 sampled rows: 1.000" in out and meta["recall@10"] == 1.0
+        else:
+            assert "recall@10" not in out and meta["recall@10"] is None
         got = json.loads(run("index", "search", path, "--query-row", 3, "--query-text", "a boat on the water",
                              "-k", 3, "--format", "json").stdout)
         via_search = json.loads(run("search", ws["coll"], "--index", path, "--query-text", "a boat on the water",
@@ -288,3 +293,13 @@ def test_query_row_and_query_id_are_separate(ws, tmp_path):
 
     shown = [int(v) for v in re.findall(r'data-id="([^"]+)"', (out / "index.html").read_text())]
     assert shown == [h["id"] for h in by_id["queries"][0]["results"]]
+
+
+def test_index_build_warns_when_recall_is_low(ws, tmp_path):
+    path = tmp_path / "low.index"
+    out = run("index", "build", ws["coll"], "--anchors", f"{ws['anchors']}:style", "--model", "softmax",
+              "--backend", "faiss", "--index-type", "ivf", "--param", "nlist=4", "--param", "nprobe=1",
+              "--param", "shortlist=1", "--out", path)
+    recall = json.loads(Path(f"{path}.anchordiv.json").read_text())["recall@10"]
+    assert recall < 0.95 and f"{recall:.3f}" in out.stdout
+    assert "Warning: recall@10 is" in out.stderr and "nprobe" in out.stderr

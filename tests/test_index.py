@@ -186,16 +186,41 @@ def test_torch_in_torch_out(data, models):
 
 @pytest.mark.parametrize("backend", [pytest.param("faiss", marks=needs_faiss), pytest.param("milvus", marks=needs_milvus)])
 def test_larger_norms_later_reaugment(backend, data32, models, milvus_uri):
-    """A later batch with larger key norms than the first re-augments the stored keys."""
+    """Without an analytic bound (asymmetric features), a later batch with larger key norms
+    than the first re-augments the stored keys."""
     Q32, G32 = data32
-    m = models["iti"]  # ψ(g) = g: norms follow the inputs
+    m = models["softmax"]
+    assert m.key_norm_bound(symmetric=False) is None
     G2 = np.vstack([G32[:30], 5 * G32[30:]])
-    index = make_index(backend, m, milvus_uri, shortlist=N_GALLERY).add(G2[:30])
+    index = Index(m, backend, symmetric=False, shortlist=N_GALLERY,
+                  **(milvus_params(milvus_uri) if backend == "milvus" else {})).add(G2[:30])
     bound = index._backend.layout.max_norm
     index.add(G2[30:])
-    assert index._backend.layout.max_norm > 4 * bound
-    ref_d, ref_i = m.search(Q32, G2, k=10)
+    assert index._backend.layout.max_norm > 2 * bound
+    ref_d, ref_i = m.search(Q32, G2, k=10, symmetric=False)
     assert_same_topk(*index.search(Q32, k=10), ref_d, ref_i, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("faiss", marks=needs_faiss), pytest.param("milvus", marks=needs_milvus)])
+@pytest.mark.parametrize("name", ["softmax", "gmm", "cosine", "iti"])
+def test_fixed_augmentation_constant(backend, name, data32, models, milvus_uri):
+    """M is the geometry's analytic bound: it holds for every unit-norm batch, never changes,
+    and keys beyond it (inputs that are not unit-norm) are refused."""
+    Q32, G32 = data32
+    m = models[name]
+    index = make_index(backend, m, milvus_uri, shortlist=N_GALLERY).add(G32[:20])
+    M = index._backend.layout.max_norm
+    assert M == pytest.approx(m.key_norm_bound() * (1 + 1e-5))
+    psi = np.asarray(m.key_features(G32))
+    assert np.linalg.norm(psi, axis=1).max() <= M
+    index.add(G32[20:])
+    assert index._backend.layout.max_norm == M
+    ref_d, ref_i = m.search(Q32, G32, k=10)
+    assert_same_topk(*index.search(Q32, k=10), ref_d, ref_i, rtol=1e-5)
+    if name != "cosine":  # cosine normalises its inputs itself
+        with pytest.raises(ValueError, match="exceed the bound M.*normalise the vectors"):
+            index.add(5 * G32[:3], ids=[900, 901, 902])
+        assert len(index) == len(G32)
 
 
 # ----------------------------------------------------------------- persistence
@@ -413,3 +438,21 @@ def test_missing_optional_dependencies(models, monkeypatch):
             mp.setitem(sys.modules, "milvus_lite", None)
             with pytest.raises(ImportError, match="pip install milvus-lite"):
                 Index(m, "milvus", uri="./x.db")
+
+
+@pytest.mark.parametrize("backend,params", [
+    ("exact", {}),
+    pytest.param("faiss", dict(index_type="hnsw", M=4, ef_construction=8, ef_search=4, shortlist=10), marks=needs_faiss),
+    pytest.param("faiss", dict(index_type="ivf", nlist=8, nprobe=1, shortlist=10), marks=needs_faiss),
+    pytest.param("milvus", dict(index_type="FLAT"), marks=needs_milvus),
+])
+def test_recall_against_exact_search(backend, params, data32, models, milvus_uri):
+    Q32, G32 = data32
+    m = models["softmax"]
+    index = make_index(backend, m, milvus_uri, **params).add(G32)
+    got = index.recall(Q32, k=10)
+    _, found = index.search(Q32, k=10)
+    _, exact = m.search(Q32, G32, k=10)
+    expected = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found.tolist(), exact.tolist())])
+    assert got == pytest.approx(expected, abs=1e-12)
+    assert (got == 1.0) if backend in ("exact", "milvus") else (0.0 < got <= 1.0)

@@ -42,6 +42,9 @@ class Cosine(Geometry):
     def _input(self, X: Any, name: str):
         return as_tensor(X, name, device=None)
 
+    def key_norm_bound(self, symmetric: bool = True) -> float:
+        return 1.0  # ψ is the unit vector of g, whatever its norm
+
     def _query_terms(self, Q, symmetric):
         return Q.new_ones(Q.shape[0]), _unit(Q, "Q")
 
@@ -114,6 +117,9 @@ class ImageTextInversion(Geometry):
             best = torch.where(better, value, best)
             idx = torch.where(better, arg + start, idx)
         return idx
+
+    def key_norm_bound(self, symmetric: bool = True) -> float:
+        return self.INPUT_NORM  # ψ(g) = g
 
     def _query_terms(self, Q, symmetric):
         return Q.new_zeros(Q.shape[0]), self.anchors_[self._proxy_index(Q)].to(Q.dtype)

@@ -32,6 +32,8 @@ MODEL_NAMES = tuple(registry())
 TAU_MODELS = model_names(takes_temperature=True)
 #: Geometries that need anchors.
 ANCHOR_MODELS = model_names(needs_anchors=True)
+#: Rows sampled by ``index build`` to measure an approximate index's recall@10, and the level below which it warns.
+RECALL_SAMPLE, RECALL_WARNING = 200, 0.95
 #: Suffix of the file written next to a saved index with what the command line needs.
 INDEX_META_SUFFIX = ".anchordiv.json"
 
@@ -973,14 +975,24 @@ def index_build(collection, anchor_spec, model_name, tau, components, rank, seed
     idx = Index(model, backend=backend, symmetric=not asymmetric, **kwargs)
     (G,) = _as_device(device, coll.embeddings)
     idx.add(G, ids=np.arange(len(coll), dtype=np.int64))
+    recall = None
+    if backend != "exact":  # how well the approximate index keeps its promise, on a sample of the rows
+        rows = np.random.default_rng(0).choice(len(coll), size=min(RECALL_SAMPLE, len(coll)), replace=False)
+        (sample,) = _as_device(device, np.asarray(coll.embeddings[np.sort(rows)], dtype=np.float32))
+        recall = idx.recall(sample, k=min(10, len(idx)))
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     idx.save(out_path)
     meta = {"collection": os.path.abspath(collection), "encoder": enc.name if enc else None,
             "model": model_name, "anchors": anchor_spec, "tau": t if model_name in TAU_MODELS else None,
-            "backend": backend, "n": len(idx)}
+            "backend": backend, "n": len(idx), "recall@10": recall}
     with open(_index_meta_path(out_path), "w", encoding="utf-8") as fh:
         json.dump(meta, fh, indent=2)
     click.echo(f"Indexed {len(idx)} vectors of {collection} under {model_name} ({backend}) into {out_path}")
+    if recall is not None:
+        click.echo(f"recall@10 against exact search on {min(RECALL_SAMPLE, len(coll))} sampled rows: {recall:.3f}")
+        if recall < RECALL_WARNING:
+            warnings.warn(f"recall@10 is {recall:.3f} < {RECALL_WARNING}: raise --param ef_search=... (hnsw), "
+                          "nprobe=... (ivf) or shortlist=..., or use --backend exact")
 
 
 @index.command("search")

@@ -43,6 +43,9 @@ class Backend:
     #: Parameters kept out of saved files (credentials).
     SECRET: ClassVar[frozenset] = frozenset()
 
+    #: Analytic bound on ‖ψ‖ for unit-norm inputs (set by the owning Index), or None.
+    norm_bound: float | None = None
+
     def __init__(self, params: dict, euclidean: bool):
         self.params = self.check_params(params)
         self.euclidean = euclidean
@@ -71,6 +74,10 @@ class Backend:
 
         ``positions_of`` maps ids to positions (for backends that store ids).
         """
+        raise NotImplementedError
+
+    def key_blocks(self, stored_ids: np.ndarray, rows: int = 1 << 16):
+        """The stored key features ψ, in blocks of ``rows`` in position order (for exact checks)."""
         raise NotImplementedError
 
     def state(self, n: int) -> dict:

@@ -63,6 +63,9 @@ class ExactBackend(Backend):
         return knn(offsets.to(dtype), phi.to(dtype), self.blocks, k, n_keys=n, exclude=exclude,
                    memory_budget=self.params["memory_budget"], keys_given=True, progress=False)
 
+    def key_blocks(self, stored_ids: np.ndarray, rows: int = 1 << 16):
+        return iter(self.blocks)
+
     def state(self, n: int) -> dict:
         return {"blocks": [b.detach().cpu() for b in self.blocks]}
 

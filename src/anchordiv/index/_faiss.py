@@ -21,6 +21,12 @@ def import_faiss():
     return require("faiss", "faiss-cpu", "The 'faiss' backend")
 
 
+def default_nlist(n: int) -> int:
+    """IVF lists for n training vectors: ⌊4√n⌋, at most n/39 so that k-means has the 39 points
+    per centroid faiss asks for (no training warning on collections of a few thousand)."""
+    return max(1, min(int(4 * math.sqrt(n)), n // 39))
+
+
 def _index_type(value) -> str:
     name = str(value).lower()
     if name not in INDEX_TYPES:
@@ -43,8 +49,8 @@ class FaissBackend(Backend):
         HNSW candidate-list sizes when building and searching (the search uses at least
         the shortlist size).
     nlist : int, optional
-        IVF lists; default ⌊4√n⌋ for the n vectors of the first batch (which must hold at
-        least ``nlist`` vectors).
+        IVF lists; default ``default_nlist(n)`` = min(⌊4√n⌋, n/39) for the n vectors of the
+        first batch (which must hold at least ``nlist`` vectors).
     nprobe : int
         IVF lists visited per query (at most ``nlist``; ``nprobe = nlist`` is exhaustive).
     shortlist : int, optional
@@ -88,7 +94,7 @@ class FaissBackend(Backend):
             index.hnsw.efConstruction = p["ef_construction"]
         else:
             n = vectors.shape[0]
-            nlist = self.nlist or p["nlist"] or max(1, min(n, int(4 * math.sqrt(n))))
+            nlist = self.nlist or p["nlist"] or default_nlist(n)
             if n < nlist:
                 raise ValueError(
                     f"The IVF index needs at least nlist={nlist} vectors to train on, but the first batch has {n}; "
@@ -105,8 +111,7 @@ class FaissBackend(Backend):
 
     def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
         if self.layout is None:
-            layout = VectorLayout(self.euclidean, psi.shape[1], self.params["norm_margin"])
-            layout.grow(psi)
+            layout = VectorLayout.for_keys(self.euclidean, psi, self.params["norm_margin"], self.norm_bound)
             vectors = layout.keys(psi)
             index = self._new_index(vectors)
             index.add(vectors)
@@ -114,6 +119,7 @@ class FaissBackend(Backend):
         elif self.layout.fits(psi):
             self.index.add(self.layout.keys(psi))
         else:
+            self.layout.check(psi)  # a fixed bound is never raised: such keys are refused
             # a key norm above M: re-augment every stored key with a larger M and rebuild
             old = self.layout.unpack(self.index.reconstruct_n(0, self.index.ntotal))
             layout = VectorLayout.from_state(self.layout.state())
@@ -150,6 +156,10 @@ class FaissBackend(Backend):
         d, i = torch.cat(out_d), torch.cat(out_p)
         warn_missing(i, "faiss", "Raise nprobe (ivf) or ef_search (hnsw).")
         return d, i
+
+    def key_blocks(self, stored_ids: np.ndarray, rows: int = 1 << 16):
+        for start in range(0, self.index.ntotal, rows):
+            yield self.layout.unpack(self.index.reconstruct_n(start, min(rows, self.index.ntotal - start)))
 
     # ---------------------------------------------------------------- state
     def state(self, n: int) -> dict:

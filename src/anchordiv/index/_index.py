@@ -14,7 +14,7 @@ from ._common import Backend
 from ._exact import ExactBackend
 from ._faiss import FaissBackend
 from ._milvus import MilvusBackend
-from ..search import DEFAULT_MEMORY_BUDGET, KEY_SHARE, NO_INDEX, smallest_k
+from ..search import DEFAULT_MEMORY_BUDGET, KEY_SHARE, NO_INDEX, knn, smallest_k
 from ._storage import FORMAT, VERSION, atomic_save, geometry_from_dict, geometry_to_dict, read_payload
 
 #: Backends by name.
@@ -98,6 +98,7 @@ class Index:
         self._model = model
         self._symmetric = symmetric
         self._backend = backend
+        backend.norm_bound = model.key_norm_bound(symmetric)
         self._ids = np.zeros(0, dtype=np.int64) if ids is None else ids
         self._dim = dim
         self._lookup: tuple[np.ndarray, np.ndarray] | None = None
@@ -278,6 +279,20 @@ class Index:
         if kind.is_numpy:
             return kind.out(dist), ids
         return kind.out(dist.to(q.device)), torch.from_numpy(ids).to(q.device)
+
+    def recall(self, Q: Any, k: int = 10) -> float:
+        """Recall@k of this index on queries ``Q``: the share of the exact top-k (over the stored
+        key features, by :func:`anchordiv.search.knn`) that :meth:`search` returns, averaged over
+        the queries. 1.0 for the exact backend."""
+        k = positive_int(k, "k")
+        _, got = self.search(Q, k=k)
+        q, _ = self._vectors(Q, "Q")
+        offsets, phi = self._model._query_terms(q, self._symmetric)
+        _, pos = knn(offsets, phi, self._backend.key_blocks(self._ids), k, n_keys=len(self),
+                     memory_budget=int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET)))
+        exact = self._ids[pos.cpu().numpy()]
+        got = got.cpu().numpy() if isinstance(got, torch.Tensor) else got
+        return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(got.tolist(), exact.tolist())]))
 
     def _excluded_positions(self, exclude: Any, n_q: int, k: int, device: torch.device) -> torch.Tensor:
         """Positions (n_q, e) of the ids each query excludes (−1: none); unknown ids are ignored."""

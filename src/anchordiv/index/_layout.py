@@ -14,9 +14,12 @@ Every geometry has the inner-product form ``d(q, g) = o(q) − φ(q)ᵀψ(g)`` (
     transformation for inner-product spaces"): a key is stored as
     x = [ψ(g), √(M² − ‖ψ(g)‖²)], with M ≥ every stored ‖ψ‖, and a query is
     y = [φ(q), 0]. Then ‖y − x‖² = ‖φ‖² + M² − 2 φᵀψ, so the L2 order is the order of
-    o(q) − φᵀψ. M is set to ``norm_margin`` times the largest ‖ψ‖ of the first batch;
-    a later batch with a larger norm makes the owner re-augment every stored key with a
-    new M (see :meth:`VectorLayout.fits` and :meth:`VectorLayout.grow`).
+    o(q) − φᵀψ. M is the geometry's analytic bound on ‖ψ‖ for unit-norm inputs
+    (:meth:`anchordiv.Geometry.key_norm_bound`), fixed, so that later batches and parallel
+    writers agree on it; keys beyond it are refused. A geometry without a bound gets
+    ``norm_margin`` times the largest ‖ψ‖ of the first batch, and a later batch with a
+    larger norm makes the owner re-augment every stored key with a new M
+    (:meth:`VectorLayout.fits`, :meth:`VectorLayout.grow`).
 
 Stored vectors are float32, and ψ is recovered from them exactly (up to that rounding), so
 an approximate shortlist can be re-ranked with exact divergences without a second copy.
@@ -47,7 +50,8 @@ class VectorLayout:
     """
 
     def __init__(self, euclidean: bool, feature_dim: int, norm_margin: float = 1.25,
-                 max_norm: float | None = None, max_seen: float | None = None):
+                 max_norm: float | None = None, max_seen: float | None = None, fixed: bool = False):
+        self.fixed = bool(fixed)
         self.euclidean = bool(euclidean)
         self.feature_dim = int(feature_dim)
         self.norm_margin = float(norm_margin)
@@ -71,6 +75,30 @@ class VectorLayout:
         if self.max_norm is None:
             return False
         return float(self._norms(psi).max()) <= self.max_norm
+
+    @classmethod
+    def for_keys(cls, euclidean: bool, psi: torch.Tensor, norm_margin: float, bound: float | None) -> "VectorLayout":
+        """The layout of the first keys: M = ``bound`` when the geometry gives an analytic bound on
+        ‖ψ‖ for unit-norm inputs (fixed, so later batches and parallel writers agree), else
+        ``norm_margin`` × the largest norm seen."""
+        layout = cls(euclidean, psi.shape[1], norm_margin, fixed=bound is not None)
+        if euclidean:
+            return layout
+        if bound is not None:  # the slack covers rounding of ψ computed in float32
+            layout.max_norm, layout.max_seen = float(bound) * (1 + 1e-5), 0.0
+            layout.check(psi)
+        else:
+            layout.grow(psi)
+        return layout
+
+    def check(self, psi: torch.Tensor) -> None:
+        """Raise when a fixed bound M does not hold for ``psi`` (the inputs were not unit-norm)."""
+        if self.fixed and not self.fits(psi):
+            raise ValueError(
+                f"Key features of norm {float(self._norms(psi).max()):.6g} exceed the bound M = {self.max_norm:.6g} "
+                "that this geometry guarantees for unit-norm embeddings; normalise the vectors "
+                "(X / ‖X‖, as CLIP-like encoders do) before adding them to an approximate index."
+            )
 
     def grow(self, psi: torch.Tensor) -> None:
         """Set M to ``norm_margin`` × the largest norm among stored keys and ``psi``."""
@@ -116,8 +144,8 @@ class VectorLayout:
     def state(self) -> dict:
         """Plain-data description, the inverse of :meth:`from_state`."""
         return {"euclidean": self.euclidean, "feature_dim": self.feature_dim, "norm_margin": self.norm_margin,
-                "max_norm": self.max_norm, "max_seen": self.max_seen}
+                "max_norm": self.max_norm, "max_seen": self.max_seen, "fixed": self.fixed}
 
     @classmethod
     def from_state(cls, state: dict) -> "VectorLayout":
-        return cls(**state)
+        return cls(**{"fixed": False, **state})

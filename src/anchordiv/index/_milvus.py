@@ -382,9 +382,9 @@ class MilvusBackend(Backend):
             self._check()
         layout = self.layout
         if layout is None:
-            layout = VectorLayout(self.euclidean, psi.shape[1], self.params["norm_margin"])
-            layout.grow(psi)
+            layout = VectorLayout.for_keys(self.euclidean, psi, self.params["norm_margin"], self.norm_bound)
         elif not layout.fits(psi):
+            layout.check(psi)
             # a key norm above M: re-augment every stored key with a larger M, announced first so
             # that a crash part-way leaves a collection the saved file no longer matches
             layout = VectorLayout.from_state(layout.state())
@@ -420,6 +420,11 @@ class MilvusBackend(Backend):
         normalised vectors (IVF lists by direction), which suits keys of one norm.
         """
         return "L2" if self.euclidean else "COSINE"
+
+    def key_blocks(self, stored_ids: np.ndarray, rows: int = GET_BATCH * 8):
+        self._check()
+        for start in range(0, len(stored_ids), rows):
+            yield self._stored(self._read(stored_ids[start:start + rows]))
 
     def _stored(self, vectors: np.ndarray) -> torch.Tensor:
         """Key features ψ from vectors read back from Milvus (rescaled to norm M if normalised)."""

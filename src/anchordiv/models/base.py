@@ -19,6 +19,7 @@ A model states only its natural-parameter map η(λ), κ, ∇κ and its fit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -142,6 +143,16 @@ class Geometry:
 
     def _flops_per_row(self) -> float:
         return 0.0
+
+    #: Largest input norm the analytic bounds allow (unit-norm embeddings, with rounding slack).
+    INPUT_NORM = 1.01
+
+    def key_norm_bound(self, symmetric: bool = True) -> float | None:
+        """An upper bound on ‖ψ(g)‖ for every input with ‖g‖ ≤ :data:`INPUT_NORM`, or None.
+
+        Approximate indexes use it as the fixed constant M of the MIPS→L2 augmentation.
+        """
+        return None
 
     def _chunks(self, n: int, desc: str):
         chunks = list(row_chunks(n, self.batch_size))
@@ -348,6 +359,19 @@ class AnchorModel(Geometry):
             grads.append(g)
         cat = torch.cat
         return cat(etas), (cat(cgfs) if need_cgf else None), cat(grads)
+
+    def _grad_norm_bound(self) -> float | None:
+        """A bound on ‖∇κ(η(λ))‖ for ‖λ‖ ≤ :data:`INPUT_NORM`, or None (then no analytic M)."""
+        return None
+
+    def key_norm_bound(self, symmetric: bool = True) -> float | None:
+        """For ψ = [μ', λ', −λ'ᵀμ']: ‖ψ‖² ≤ B² + L² + B²L² with L = R + ‖c‖, B = ‖∇κ‖max + ‖c‖."""
+        grad = self._grad_norm_bound()
+        if not symmetric or grad is None or self.tags().euclidean:
+            return None
+        c = float(self.center_.norm())
+        L, B = self.INPUT_NORM + c, grad + c
+        return math.sqrt(B * B + L * L + (B * L) ** 2)
 
     def _centred(self, eta: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(τη − c, ∇κ − c) with c = ``center_``: O(1) vectors for unit-norm inputs."""

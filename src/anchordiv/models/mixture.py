@@ -232,6 +232,11 @@ class GaussianMixture(PosteriorMixin, AnchorModel):
     def _flops_per_row(self) -> float:
         return 2.0 * self.n_components * self.dim_ ** 2
 
+    def _grad_norm_bound(self) -> float:
+        """∇κ = Σ_m r_m(μ_m + Σ_m η) with ‖η‖ ≤ R/τ: max_m ‖μ_m‖ + ‖Σ_m‖₂ R/τ."""
+        spectral = torch.linalg.matrix_norm(self.covariances_.to(torch.float64), ord=2)
+        return float((self.means_.to(torch.float64).norm(dim=1) + spectral * self.INPUT_NORM / self.tau_).max())
+
     def _cgf_and_grad(self, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         means = self.means_.to(eta.dtype)
         s_eta = torch.einsum("bd,mde->bme", eta, self.covariances_.to(eta.dtype))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -81,6 +82,18 @@ class Softmax(AnchorModel):
         # N ≤ d: the probability form below is both smaller (2N + 1 ≤ 2d + 1) and better
         # conditioned; otherwise the centred λ-unit form of AnchorModel.
         self.feature_space_ = "probabilities" if len(anchors) <= anchors.dim else "embedding"
+
+    def _grad_norm_bound(self) -> float:
+        return float(self.anchors_.norm(dim=1).max())  # ∇κ lies in the anchors' convex hull
+
+    def key_norm_bound(self, symmetric: bool = True) -> float | None:
+        """Probability features: |log p_i| ≤ 2GR/τ − log w_i (G = max‖γ‖, R the input norm),
+        ‖p‖ ≤ 1 and 0 ≤ −Σ p log p ≤ log N."""
+        if not symmetric or self.feature_space_ != "probabilities":
+            return super().key_norm_bound(symmetric)
+        G = self._grad_norm_bound()
+        logp = 2 * G * self.INPUT_NORM / self.tau_ - self.log_weights_.to(torch.float64)
+        return math.sqrt(float((logp ** 2).sum()) + 1.0 + math.log(self.n_anchors_) ** 2)
 
     # --------------------------------------------------- probability features
     def _log_probs(self, X: torch.Tensor) -> torch.Tensor:
