@@ -5,14 +5,14 @@ a matrix product and a top-k. This benchmark measures how close anchordiv's exac
 core comes to the plain torch reference at the same feature dimension D and the same
 blocks:
 
-* ``knn``: :func:`anchordiv.search.knn` on precomputed features (o, φ, ψ);
+* ``knn``: :func:`anchordiv.exact.knn` on precomputed features (o, φ, ψ);
 * ``Index``: ``ad.Index(model, "exact").add(G)`` then ``index.search(Q, k)``, which includes
   the query feature map (the reference computes the same φ with the same call);
 * ``knn stream``: 10⁶ keys streamed from memory-mapped ``.npy`` shards;
 * ``model.search``: end to end, the key features ψ(G) included.
 
 The reference is ``torch.topk(φ_b @ ψ_b.T, k)`` over the blocks that ``knn`` uses
-(:func:`anchordiv.search.block_shape` at the same budget), the block results merged by a
+(:func:`anchordiv.exact.block_shape` at the same budget), the block results merged by a
 ``torch.topk`` of their concatenation; when one block holds everything it is a single
 ``torch.topk(φ @ ψ.T, k)``. Ours and the reference alternate within each repetition
 (in alternating order), and each reports the minimum over the repetitions.
@@ -260,7 +260,7 @@ def bench_features(rec: Recorder, data: str, models: dict, Q: torch.Tensor, G: t
                    index_skip=()) -> None:
     """knn on precomputed features and Index.search, for each model and |Q|."""
     from anchordiv.index import Index
-    from anchordiv.search import DEFAULT_MEMORY_BUDGET, block_shape, knn
+    from anchordiv.exact import DEFAULT_MEMORY_BUDGET, block_shape, knn
 
     n_g = G.shape[0]
     for name, model in models.items():
@@ -300,7 +300,7 @@ def bench_features(rec: Recorder, data: str, models: dict, Q: torch.Tensor, G: t
 
 def bench_stream(rec: Recorder, cfg: dict, log) -> dict:
     """knn over 10⁶ keys read from memory-mapped shards, against the same reads + GEMM + topk."""
-    from anchordiv.search import DEFAULT_MEMORY_BUDGET, block_shape, knn
+    from anchordiv.exact import DEFAULT_MEMORY_BUDGET, block_shape, knn
 
     s, d = cfg["stream"], cfg["d"]
     paths = shard_paths(s["shards"], s["rows"], d, log)
@@ -326,7 +326,7 @@ def bench_stream(rec: Recorder, cfg: dict, log) -> dict:
 
 def bench_e2e(rec: Recorder, cfg: dict, anchors: torch.Tensor) -> None:
     """model.search(Q, G) end to end against the same feature maps + one GEMM + topk."""
-    from anchordiv.search import DEFAULT_MEMORY_BUDGET, block_shape
+    from anchordiv.exact import DEFAULT_MEMORY_BUDGET, block_shape
 
     e, d = cfg["e2e"], cfg["d"]
     Q, G = clustered(e["Q"], d, "queries"), clustered(e["G"], d, "gallery")

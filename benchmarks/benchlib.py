@@ -26,11 +26,11 @@ if str(ROOT / "src") not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT / "src"))
 
 import anchordiv.models.base  # noqa: E402
-import anchordiv.search  # noqa: E402
+import anchordiv.exact  # noqa: E402
 
 # no progress bars in benchmark output
 anchordiv.models.base.PROGRESS_FLOPS = float("inf")
-anchordiv.search.PROGRESS_WORK = float("inf")
+anchordiv.exact.PROGRESS_WORK = float("inf")
 
 #: Embedding dimension of every benchmark (CLIP ViT-B/32 and ViT-B/16).
 DIM = 512

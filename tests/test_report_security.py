@@ -23,7 +23,7 @@ from anchordiv import report
 from anchordiv.report import ReportGeometry, compare, write_report
 
 Image = pytest.importorskip("PIL.Image")
-search_module = importlib.import_module("anchordiv.search")
+search_module = importlib.import_module("anchordiv.exact")
 
 PAYLOADS = ["x><script>alert(1)</script><b", '"><img src=x onerror=alert(1)>']
 

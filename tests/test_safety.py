@@ -289,7 +289,7 @@ def test_stale_temporaries_of_a_killed_save_are_removed(tmp_path, small):
 def test_progress_false_silences_every_bar(small, capfd, monkeypatch):
     anchors, Q, G = small
     import anchordiv.models.base as base
-    import anchordiv.search as search_module
+    import anchordiv.exact as search_module
 
     monkeypatch.setattr(base, "PROGRESS_FLOPS", 0.0)  # every statistics pass would show a bar
     monkeypatch.setattr(search_module, "PROGRESS_WORK", 0.0)

@@ -79,7 +79,7 @@ def test_gallery_blocks_merge_exactly(setup):
     anchors, Q, G = setup
     m = ad.Softmax(tau=0.05).fit(anchors)
     full = m.search(Q, G, k=9)
-    import anchordiv.search as S
+    import anchordiv.exact as S
 
     # a budget whose key share holds 8 key-feature rows: 57 keys come in 8 blocks
     D, item = 2 * G.shape[1] + 1, 8

@@ -1,4 +1,4 @@
-"""The one exact top-k primitive (anchordiv.search) against float64 brute force."""
+"""The one exact top-k primitive (anchordiv.exact) against float64 brute force."""
 
 import importlib.util
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import anchordiv as ad
-import anchordiv.search as S
+import anchordiv.exact as S
 
 from conftest import unit_rows
 
@@ -209,3 +209,13 @@ def test_demo_and_eval_auprc_are_one_computation():
             keep = np.arange(90) != i
             aps.append(average_precision_score(lab[keep] == lab[i], -D[i, keep]))
         assert abs(table[f] - np.mean(aps)) < 1e-9
+
+
+def test_ad_search_is_the_search_function(geo):
+    anchors, Q, G = geo
+    m = ad.Softmax(tau=0.05).fit(anchors)
+    assert callable(ad.search) and ad.search is ad.exact.search
+    d1, i1 = ad.search(m, Q, G, k=5)
+    d2, i2 = m.search(Q, G, k=5)
+    np.testing.assert_array_equal(i1, i2)
+    np.testing.assert_array_equal(d1, d2)

@@ -5,7 +5,8 @@ Learning". A set of text anchors defines a distribution; its cumulant generating
 function defines a Bregman geometry on the (unchanged) embedding space.
 """
 
-from . import io, metrics, search, special
+from . import exact, io, metrics, special
+from .exact import search
 from .anchors import AnchorSet
 from .index import Index
 from .baselines import Cosine, ImageTextInversion
@@ -29,7 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AnchorSet", "AnchorModel", "Geometry", "NotFittedError", "Softmax", "Gaussian", "GaussianMixture",
     "LatentGaussian", "LatentSpherical", "Cosine", "ImageTextInversion", "MODELS", "make_model", "register_model", "registry",
-    "Index", "io", "metrics", "search", "special", "encoders", "integrations",
+    "Index", "exact", "io", "metrics", "search", "special", "encoders", "integrations",
 ]
 
 # Imported on first access (``ad.encoders.load(...)``), so that ``import anchordiv`` stays light.

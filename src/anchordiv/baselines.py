@@ -94,7 +94,6 @@ class ImageTextInversion(Geometry):
         if prior is not None:
             raise ValueError("ImageTextInversion takes no prior.")
         anchors = prepare_anchors(anchors, type(self).__name__)
-        self._reset_cache()
         self.anchors_ = anchors.embeddings
         self.n_anchors_ = len(anchors)
         self.device_ = anchors.device

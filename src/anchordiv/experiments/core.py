@@ -33,7 +33,7 @@ from .._util import positive_int
 from ..anchors import AnchorSet
 from ..models import default_tau, model_names, registry
 from ..metrics import mean_average_precision
-from ..search import distance_matrix
+from ..exact import distance_matrix
 
 __all__ = [
     "EvalData",
@@ -360,7 +360,7 @@ def min_anchors(name: str) -> int:
 
 # ------------------------------------------------------------------------- scoring
 def _distances(geometry: Any, Q: np.ndarray, key_psi: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Distances of a block of queries to all keys (:func:`anchordiv.search.distance_matrix`)
+    """Distances of a block of queries to all keys (:func:`anchordiv.exact.distance_matrix`)
     and the size of the terms of each row, ``|o_i| + max_j |φ_i·ψ_j|``."""
     q, _ = geometry._input(Q, "Q")
     offsets, phi = geometry._query_terms(q.to(key_psi.dtype), True)
@@ -412,7 +412,7 @@ def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.nda
 
     Notes
     -----
-    Distances come from :func:`anchordiv.search.distance_matrix` in float64. Each
+    Distances come from :func:`anchordiv.exact.distance_matrix` in float64. Each
     query's distances are then rounded to 9 digits relative to the size of the terms
     they are computed from (:func:`_merge_noise_ties`), so that distances equal up to
     floating-point noise are ties, ranked as a block by average precision rather than in

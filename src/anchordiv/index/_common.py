@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .._backend import positive_int  # noqa: F401  (re-exported for the backends)
-from ..search import DEFAULT_MEMORY_BUDGET, NO_INDEX, smallest_k
+from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, smallest_k
 
 
 def margin_value(value: Any) -> float:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ._common import DEFAULT_MEMORY_BUDGET, Backend, positive_int
-from ..search import knn
+from ..exact import knn
 
 #: Rows per stored block of key features (also the gallery block of one score matrix).
 BLOCK_ROWS = 1 << 16
@@ -18,9 +18,9 @@ class ExactBackend(Backend):
     """Stores ψ(g) for every key and searches exactly with blocked matrix products.
 
     The features keep the dtype of the first batch added (float32 or float64) and live on
-    the model's device. A search is :func:`anchordiv.search.knn` over the stored blocks:
+    the model's device. A search is :func:`anchordiv.exact.knn` over the stored blocks:
     one score block of at most ``memory_budget`` bytes, the same distances and the same
-    tie-breaking (lower position first) as :func:`anchordiv.search.search`.
+    tie-breaking (lower position first) as :func:`anchordiv.exact.search`.
 
     Parameters
     ----------

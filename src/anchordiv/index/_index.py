@@ -14,7 +14,7 @@ from ._common import Backend
 from ._exact import ExactBackend
 from ._faiss import FaissBackend
 from ._milvus import MilvusBackend
-from ..search import DEFAULT_MEMORY_BUDGET, KEY_SHARE, NO_INDEX, knn, smallest_k
+from ..exact import DEFAULT_MEMORY_BUDGET, KEY_SHARE, NO_INDEX, knn, smallest_k
 from ._storage import FORMAT, VERSION, atomic_save, geometry_from_dict, geometry_to_dict, read_payload
 
 #: Backends by name.
@@ -35,7 +35,7 @@ class Index:
         A fitted anchor model or baseline (``model.fit`` has been called).
     backend : {"exact", "faiss", "milvus"}
         ``"exact"`` (default) keeps ψ in torch and searches exhaustively, memory-bounded,
-        exactly as :func:`anchordiv.search.search`. ``"faiss"`` keeps a faiss-cpu index
+        exactly as :func:`anchordiv.exact.search`. ``"faiss"`` keeps a faiss-cpu index
         (``pip install faiss-cpu``). ``"milvus"`` keeps the vectors in a Milvus
         collection: an embedded milvus-lite file or a server/cluster
         (``pip install pymilvus milvus-lite``).
@@ -282,7 +282,7 @@ class Index:
 
     def recall(self, Q: Any, k: int = 10) -> float:
         """Recall@k of this index on queries ``Q``: the share of the exact top-k (over the stored
-        key features, by :func:`anchordiv.search.knn`) that :meth:`search` returns, averaged over
+        key features, by :func:`anchordiv.exact.knn`) that :meth:`search` returns, averaged over
         the queries. 1.0 for the exact backend."""
         k = positive_int(k, "k")
         _, got = self.search(Q, k=k)

@@ -96,7 +96,7 @@ def geometry_to_dict(model: Geometry) -> dict:
             f"Cannot save a model of class {cls.__module__}.{cls.__qualname__}: it is not registered. "
             "Register it first with ad.register_model('my_model', cls) (also in the process that loads the file)."
         )
-    state = {k: v for k, v in vars(model).items() if k != "_cast_cache"}
+    state = dict(vars(model))
     return {
         "name": name,
         "class": f"{cls.__module__}:{cls.__qualname__}",
@@ -134,7 +134,6 @@ def geometry_from_dict(data: dict, device: torch.device, source: str) -> Geometr
     model.__dict__.update(_unplain(state, device, source))
     if "device_" in model.__dict__:
         model.device_ = device
-    model.__dict__.pop("_cast_cache", None)
     return model
 
 

@@ -179,9 +179,9 @@ class Geometry:
         """The (|Q|, |G|) matrix of d(q‖g), or of ½[d(q‖g) + d(g‖q)] when ``symmetric``.
 
         Computed as ``query_offsets(Q)[:, None] - query_features(Q) @ key_features(G).T``,
-        with the key features made block by block (:func:`anchordiv.search.distance_matrix`).
+        with the key features made block by block (:func:`anchordiv.exact.distance_matrix`).
         """
-        from ..search import DEFAULT_MEMORY_BUDGET, block_shape, distance_matrix, key_feature_blocks, prepare
+        from ..exact import DEFAULT_MEMORY_BUDGET, block_shape, distance_matrix, key_feature_blocks, prepare
 
         q, g, kind = prepare(self, Q, G)
         offsets, phi = self._query_terms(q, symmetric)
@@ -205,9 +205,9 @@ class Geometry:
                exclude: Any = None) -> tuple[Any, Any]:
         """Exact top-k: ``(distances, indices)``, each (|Q|, k), sorted ascending.
 
-        See :func:`anchordiv.search.search`; ties are broken by the lower gallery index.
+        See :func:`anchordiv.exact.search`; ties are broken by the lower gallery index.
         """
-        from ..search import DEFAULT_MEMORY_BUDGET, search
+        from ..exact import DEFAULT_MEMORY_BUDGET, search
 
         return search(self, Q, G, k=k, symmetric=symmetric, exclude_self=exclude_self,
                       memory_budget=DEFAULT_MEMORY_BUDGET if memory_budget is None else memory_budget,
@@ -219,26 +219,9 @@ class Geometry:
         for key, value in list(vars(self).items()):
             if isinstance(value, torch.Tensor):
                 setattr(self, key, value.to(device))
-        self.__dict__.pop("_cast_cache", None)
         if self._is_fitted():
             self.device_ = device
         return self
-
-    def _cast(self, name: str, like: torch.Tensor) -> torch.Tensor:
-        """Fitted tensor ``name`` (or a derived tensor, see ``_derived``) in the dtype of ``like`` (cached)."""
-        cache = self.__dict__.setdefault("_cast_cache", {})
-        key = (name, like.dtype)
-        if key not in cache:
-            value = self._derived(name) if name.startswith("derived:") else getattr(self, name)
-            cache[key] = value.to(like.dtype)
-        return cache[key]
-
-    def _derived(self, name: str) -> torch.Tensor:
-        """Tensors computed from fitted attributes, recomputed after ``_reset_cache``."""
-        raise KeyError(name)
-
-    def _reset_cache(self) -> None:
-        self.__dict__.pop("_cast_cache", None)
 
     # scikit-learn style parameter access
     def get_params(self, deep: bool = True) -> dict:
@@ -312,7 +295,6 @@ class AnchorModel(Geometry):
         """The shared prologue: the temperature, the anchors, cleared caches."""
         tau = self._resolve_tau()
         anchors = prepare_anchors(anchors, type(self).__name__, needed)
-        self._reset_cache()
         self.tau_ = tau
         self.n_anchors_ = len(anchors)
         self.device_ = anchors.device

@@ -71,7 +71,6 @@ class _LatentSubspace(PosteriorMixin, EuclideanModel):
         total = eigenvalues.clamp_min(0).sum()
         self.explained_variance_ = eigenvalues[:k].clamp_min(0)
         self.explained_variance_ratio_ = self.explained_variance_ / total
-        self._reset_cache()
 
     # -------------------------------------------------------------- posterior
     def _check_posterior_params(self, dim: int) -> None:

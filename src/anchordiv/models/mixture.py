@@ -227,7 +227,6 @@ class GaussianMixture(PosteriorMixin, AnchorModel):
     def _set_components(self, weights: torch.Tensor, means: torch.Tensor, covs: torch.Tensor) -> None:
         self.weights_, self.means_, self.covariances_ = weights, means, covs
         self.log_weights_ = weights.log()
-        self._reset_cache()
 
     def _flops_per_row(self) -> float:
         return 2.0 * self.n_components * self.dim_ ** 2

@@ -137,7 +137,7 @@ class Softmax(AnchorModel):
         # On accelerators ∇κ alone is one fused attention call; on CPU the chunked
         # log-sum-exp below is as fast (measured) and also bounds memory.
         if eta.device.type != "cpu" and eta.dtype in ATTENTION_DTYPES:
-            return attention_grad(eta, self.anchors_, self._cast("log_weights_", eta), self._uniform)
+            return attention_grad(eta, self.anchors_, self.log_weights_.to(eta.dtype), self._uniform)
         return self._cgf_and_grad(eta)[1]
 
     def _cgf_and_grad(self, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,7 +150,7 @@ class Softmax(AnchorModel):
         step = min(max(1, int(self.anchor_chunk)), n_anchors)
         rows = min(ROW_BLOCK, n)
         uniform = getattr(self, "_uniform", False)
-        log_w = self._cast("log_weights_", eta)
+        log_w = self.log_weights_.to(eta.dtype)
         buf = eta.new_empty(rows * step)
         run_max, total, acc = eta.new_empty(n), eta.new_empty(n), eta.new_empty(n, d)
         for start in range(0, n_anchors, step):

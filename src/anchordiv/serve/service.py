@@ -3,7 +3,7 @@
 A *context* is (geometry, anchor selection, τ, model parameters, symmetric). Its fitted
 model and the key features ψ of every collection row are built once and kept in a
 byte-bounded LRU (:class:`~anchordiv.serve.cache.ByteLRU`); a query then costs one
-feature map φ(q) and one top-k over ψ (:func:`anchordiv.search.knn`), the same
+feature map φ(q) and one top-k over ψ (:func:`anchordiv.exact.knn`), the same
 computation as ``model.search``. Saved indexes (``--index``) are searched with
 :meth:`anchordiv.Index.search`.
 
@@ -29,7 +29,7 @@ from .. import anchorsfile
 from .._util import json_scalar
 from ..anchors import AnchorSet
 from ..models import make_model, model_names, registry
-from ..search import knn
+from ..exact import knn
 from . import validate as v
 from .cache import ByteLRU
 from .validate import FieldError

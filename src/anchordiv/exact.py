@@ -1,4 +1,4 @@
-"""Exact, memory-bounded top-k: the one search primitive of anchordiv.
+"""Exact, memory-bounded top-k: the one search primitive of anchordiv (``ad.search`` is :func:`search`).
 
 Every geometry satisfies ``pairwise(Q, G) = o(Q)[:, None] − φ(Q) ψ(G)ᵀ`` (the feature-map
 contract of :class:`anchordiv.Geometry`), so exact search is a blocked matrix product
