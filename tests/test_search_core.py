@@ -85,11 +85,13 @@ def test_topk_heap_merges_blocks_in_index_order():
 def test_block_shape_fits_the_budget(n_q, n_keys, D, item, k, budget):
     q_rows, g_rows = S.block_shape(n_q, n_keys, D, item, k, budget)
     assert 1 <= q_rows <= n_q and 1 <= g_rows <= min(n_keys, S.MAX_KEY_BLOCK)
-    used = g_rows * D * item + q_rows * g_rows * item + 4 * q_rows * k * (item + 8)
-    assert used <= budget or (q_rows == 1 and g_rows * D * item <= budget)
-    # the blocks are as large as the budget allows: one more query row would not fit
+    keys = g_rows * D * item * S.FEATURE_TRANSIENT
+    scores = q_rows * g_rows * item + 4 * q_rows * k * (item + 8)
+    assert keys <= S.KEY_SHARE * budget or g_rows == 1
+    assert scores <= S.SCORE_SHARE * budget or q_rows == 1
+    # the blocks are as large as their share allows: one more query row would not fit
     if q_rows < n_q:
-        assert used + g_rows * item + 4 * k * (item + 8) > budget
+        assert scores + g_rows * item + 4 * k * (item + 8) > S.SCORE_SHARE * budget
 
 
 def test_distance_matrix_equals_brute_force(tied):
@@ -169,7 +171,7 @@ def test_index_add_streams_blocks_under_the_budget(geo):
     anchors, Q, G = geo
     m = ad.Softmax(tau=0.05).fit(anchors)
     seen = []
-    index = ad.Index(m, memory_budget=4 * 5 * (2 * G.shape[1] + 1) * 8)  # 5 rows of ψ a block
+    index = ad.Index(m, memory_budget=int(5 * (2 * G.shape[1] + 1) * 8 * S.FEATURE_TRANSIENT / S.KEY_SHARE))  # 5 rows
 
     real_add = index._backend.add
 

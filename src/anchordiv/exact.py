@@ -31,8 +31,14 @@ DEFAULT_MEMORY_BUDGET = 256 * 2**20
 PROGRESS_WORK = 2e10
 #: Most key rows in one block (larger blocks no longer speed up the GEMM).
 MAX_KEY_BLOCK = 1 << 16
-#: Fraction of the budget given to one block of key features (the rest: scores).
+#: Fraction of the budget given to one block of key features computed on the fly (the rest: scores).
 KEY_SHARE = 0.25
+#: Fraction of the budget given to one block of scores; the rest is headroom for the GEMM's
+#: packing buffers and the running top-k.
+SCORE_SHARE = 0.5
+#: Bytes that computing a row of features takes, per byte of the finished features (η, ∇κ,
+#: the centred copies and the concatenation live together for a moment).
+FEATURE_TRANSIENT = 4
 #: Index of entries that are no result (an empty slot of a shortlist).
 NO_INDEX = torch.iinfo(torch.int64).max
 
@@ -108,14 +114,16 @@ def block_shape(n_q: int, n_keys: int, feature_dim: int, item: int, k: int, memo
                 keys_given: bool = False) -> tuple[int, int]:
     """(query rows, key rows) of one block under ``memory_budget`` bytes.
 
-    A key block takes at most :data:`KEY_SHARE` of the budget (none when the key features
-    are already stored, ``keys_given``), the score block and the running top-k the rest.
+    A key block computed on the fly, with the temporaries of computing it
+    (:data:`FEATURE_TRANSIENT`), takes at most :data:`KEY_SHARE` of the budget (none when the
+    key features are already stored, ``keys_given``), one score block with the running top-k
+    :data:`SCORE_SHARE`; the rest is headroom for the GEMM's own buffers.
     """
     budget = int(memory_budget)
-    per_key = feature_dim * item
+    per_key = feature_dim * item * FEATURE_TRANSIENT
     key_rows = MAX_KEY_BLOCK if keys_given else max(1, int(budget * KEY_SHARE) // per_key)
     key_rows = max(1, min(n_keys, MAX_KEY_BLOCK, key_rows))
-    left = budget - (0 if keys_given else key_rows * per_key)
+    left = int(budget * SCORE_SHARE)
     # per query: one score row, plus the merge of two k-lists (values + int64 indices)
     per_query = key_rows * item + 4 * k * (item + 8)
     query_rows = max(1, min(n_q, left // per_query))

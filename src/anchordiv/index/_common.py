@@ -68,6 +68,10 @@ class Backend:
         """Store key features ``psi`` for ``ids`` (``stored_ids`` are those already stored)."""
         raise NotImplementedError
 
+    def reserve(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Announce that the next ``add`` calls bring ``rows`` features of ``width`` (an Index.add
+        streams one batch in blocks); backends that keep features in memory allocate them once."""
+
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
                positions_of: Callable[[np.ndarray], np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k ``(distances, positions)`` among the ``n`` stored keys; position −1 is a miss.

@@ -10,8 +10,6 @@ import torch
 from ._common import DEFAULT_MEMORY_BUDGET, Backend, positive_int
 from ..exact import knn
 
-#: Rows per stored block of key features (also the gallery block of one score matrix).
-BLOCK_ROWS = 1 << 16
 
 
 class ExactBackend(Backend):
@@ -37,6 +35,14 @@ class ExactBackend(Backend):
         super().__init__(params, euclidean)
         self.blocks: list[torch.Tensor] = []
         self.dtype: torch.dtype | None = None
+        self._batch: tuple[torch.Tensor, int] | None = None  # (storage of the batch being added, rows filled)
+
+    def reserve(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
+        # one allocation for the whole batch: blocks are copied in, and the temporaries of
+        # computing them are freed and reused instead of fragmenting the heap between blocks
+        if self.dtype is not None and torch.promote_types(dtype, self.dtype) == self.dtype:
+            dtype = self.dtype
+        self._batch = (torch.empty(rows, width, dtype=dtype, device=device), 0)
 
     def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
         if self.dtype is None:
@@ -44,16 +50,19 @@ class ExactBackend(Backend):
         elif torch.promote_types(psi.dtype, self.dtype) != self.dtype:  # features that need float64
             self.dtype = psi.dtype
             self.blocks = [b.to(self.dtype) for b in self.blocks]
-        psi = psi.to(self.dtype)
-        blocks = list(self.blocks)
-        start = 0
-        if blocks and blocks[-1].shape[0] < BLOCK_ROWS:
-            take = BLOCK_ROWS - blocks[-1].shape[0]
-            blocks[-1] = torch.cat([blocks[-1], psi[:take]])
-            start = take
-        for s in range(start, psi.shape[0], BLOCK_ROWS):
-            blocks.append(psi[s:s + BLOCK_ROWS].clone())
-        self.blocks = blocks
+        if self._batch is not None and self._batch[0].dtype != self.dtype:
+            self._batch = (self._batch[0].to(self.dtype), self._batch[1])
+        if self._batch is not None:
+            storage, filled = self._batch
+            storage[filled:filled + psi.shape[0]] = psi
+            filled += psi.shape[0]
+            self._batch = (storage, filled)
+            if filled < storage.shape[0]:
+                return
+            self._batch, psi = None, storage
+        # blocks are kept as they come (no re-concatenation, whose copy would double the
+        # memory of the last block); knn streams them in order
+        self.blocks = self.blocks + [psi.to(self.dtype).contiguous()]
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
                positions_of: Callable[[np.ndarray], np.ndarray],

@@ -14,7 +14,7 @@ from ._common import Backend
 from ._exact import ExactBackend
 from ._faiss import FaissBackend
 from ._milvus import MilvusBackend
-from ..exact import DEFAULT_MEMORY_BUDGET, KEY_SHARE, NO_INDEX, knn, smallest_k
+from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, block_shape, knn, smallest_k
 from ._storage import FORMAT, VERSION, atomic_save, geometry_from_dict, geometry_to_dict, read_payload
 
 #: Backends by name.
@@ -225,7 +225,8 @@ class Index:
         new = self._new_ids(ids, g.shape[0])
         budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
         width = self._model._key_terms(g[:1], self._symmetric).shape[1]  # the feature width sets the block
-        rows = max(1, int(budget * KEY_SHARE) // (width * g.element_size()))
+        rows = block_shape(1, g.shape[0], width, g.element_size(), 1, budget)[1]
+        self._backend.reserve(g.shape[0], width, g.dtype, g.device)
         for start in range(0, g.shape[0], rows):
             block = slice(start, start + rows)
             self._backend.add(self._model._key_terms(g[block], self._symmetric), new[block], self._ids)
@@ -263,22 +264,31 @@ class Index:
             raise ValueError(f"k={k} exceeds the {len(self)} vectors in the index; pass k <= {len(self)}.")
         q, kind = self._vectors(Q, "Q")
         ex = None if exclude is None else self._excluded_positions(exclude, q.shape[0], k, q.device)
-        offsets, phi = self._model._query_terms(q, self._symmetric)
-        if ex is None:
-            dist, pos = self._backend.search(offsets, phi, k, len(self), self._positions_of)
-        elif isinstance(self._backend, ExactBackend):
-            dist, pos = self._backend.search(offsets, phi, k, len(self), self._positions_of, exclude=ex)
-        else:  # an approximate index: fetch e more candidates, drop the excluded ones
-            extra = min(len(self), k + ex.shape[1])
-            dist, pos = self._backend.search(offsets, phi, extra, len(self), self._positions_of)
-            dropped = (pos[:, :, None] == ex[:, None, :]).any(-1) | (pos < 0)
-            dist, pos = smallest_k(dist.masked_fill(dropped, torch.inf), pos.masked_fill(dropped, NO_INDEX), k)
-            pos = pos.masked_fill(pos == NO_INDEX, -1)
+        # the query features are made a block at a time, within the key share of the budget
+        budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
+        width = self._model._query_terms(q[:1], self._symmetric)[1].shape[1]
+        rows = block_shape(1, q.shape[0], width, q.element_size(), 1, budget)[1]
+        parts = [self._search_block(q[s:s + rows], k, None if ex is None else ex[s:s + rows])
+                 for s in range(0, q.shape[0], rows)]
+        dist, pos = torch.cat([d for d, _ in parts]), torch.cat([p for _, p in parts])
         pos_np = pos.cpu().numpy()
         ids = np.where(pos_np >= 0, self._ids[np.clip(pos_np, 0, None)], -1).astype(np.int64)
         if kind.is_numpy:
             return kind.out(dist), ids
         return kind.out(dist.to(q.device)), torch.from_numpy(ids).to(q.device)
+
+    def _search_block(self, q: torch.Tensor, k: int, ex: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        offsets, phi = self._model._query_terms(q, self._symmetric)
+        if ex is None:
+            return self._backend.search(offsets, phi, k, len(self), self._positions_of)
+        if isinstance(self._backend, ExactBackend):
+            return self._backend.search(offsets, phi, k, len(self), self._positions_of, exclude=ex)
+        # an approximate index: fetch e more candidates, drop the excluded ones
+        extra = min(len(self), k + ex.shape[1])
+        dist, pos = self._backend.search(offsets, phi, extra, len(self), self._positions_of)
+        dropped = (pos[:, :, None] == ex[:, None, :]).any(-1) | (pos < 0)
+        dist, pos = smallest_k(dist.masked_fill(dropped, torch.inf), pos.masked_fill(dropped, NO_INDEX), k)
+        return dist, pos.masked_fill(pos == NO_INDEX, -1)
 
     def recall(self, Q: Any, k: int = 10) -> float:
         """Recall@k of this index on queries ``Q``: the share of the exact top-k (over the stored
