@@ -10,6 +10,7 @@ the peak is the ratio of those minima.
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -33,7 +34,7 @@ def _seconds(fn) -> float:
 def run(quick: bool = False, log=print) -> dict:
     import anchordiv as ad
 
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
     cfg = QUICK if quick else FULL
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(cfg["gemm"], cfg["gemm"], generator=g), torch.randn(cfg["gemm"], cfg["gemm"], generator=g)
@@ -56,6 +57,7 @@ def run(quick: bool = False, log=print) -> dict:
             + ", ".join(f"{bl.pow2(N)} {4.0 * cfg['n'] * N * bl.DIM / samples[N][-1] / 1e9:.1f}" for N in cfg["Ns"]))
 
     peak = gemm_flops / min(gemm_samples) / 1e9
+    load = [load_before, os.getloadavg()[0]]
     sweep = {}
     for N, times in samples.items():
         flops = 4.0 * cfg["n"] * N * bl.DIM
@@ -74,7 +76,8 @@ GEMM peak: `torch.matmul` of two {cfg['gemm']}×{cfg['gemm']} float32 matrices, 
 of {cfg['rounds']} rounds in the same process as the softmax calls (one call per N per round, after a
 warm-up call each): **{peak:.1f} GFLOP/s** from its fastest run (median {statistics.median(gemm_gflops):.1f},
 slowest {min(gemm_gflops):.1f}). Each softmax time and fraction of the peak use its fastest run of the
-{cfg['rounds']}; the median is shown for the spread on this shared machine.
+{cfg['rounds']}; the median is shown for the spread on this shared machine (1-minute load average
+{load[0]:.1f} at the start, {load[1]:.1f} at the end, on {bl.machine()['cpus']} CPUs).
 
 {bl.table(['N', 'time (min)', 'time (median)', 'GFLOP/s', '% of GEMM peak'], rows)}
 """
@@ -92,7 +95,7 @@ slowest {min(gemm_gflops):.1f}). Each softmax time and fraction of the peak use 
                                  f"({big[worst_big]['gflops']:.1f} of {peak:.1f} GFLOP/s)", note))
     text = bl.write_result("roofline", "Benchmark 3: softmax preprocessing against the GEMM peak", md,
                            {"mode": "quick" if quick else "full", "wall_s": time.perf_counter() - started,
-                            "config": cfg, "gemm_seconds": gemm_samples, "peak_gflops": peak,
+                            "config": cfg, "load_average": load, "gemm_seconds": gemm_samples, "peak_gflops": peak,
                             "results": sweep}, targets)
     return {"markdown": text, "targets": targets}
 

@@ -86,6 +86,49 @@ def test_import_anchordiv_does_not_import_backends():
     assert out.stdout.strip() == ""
 
 
+HEAVY = ("open_clip", "transformers", "sentence_transformers", "pytorch_metric_learning")
+
+
+def test_ad_encoders_is_a_lazy_attribute():
+    # `import anchordiv as ad; ad.encoders.load(...)` as in the README; loading an encoder
+    # imports no backend either: the weights are read on first use.
+    code = (
+        "import sys, anchordiv as ad; enc = ad.encoders.load('minilm', device='cpu'); "
+        "knn = ad.integrations.pml.knn_func(ad.Cosine()); "
+        f"print(enc.is_loaded, enc.tau, [m for m in {HEAVY!r} if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "0.05", "[]"]
+    assert "Loading weights" not in out.stderr and "it/s" not in out.stderr
+
+
+class _LengthEncoder(Encoder):
+    """A fake text encoder: the embedding of a text is (len(text), 1); records its batches."""
+
+    def __init__(self, batch_size=2):
+        super().__init__("fake", object(), tau=0.1, device=torch.device("cpu"), batch_size=batch_size)
+        self.batches = []
+
+    def _encode_text_batch(self, texts):
+        self.batches.append(list(texts))
+        return np.array([[len(t), 1.0] for t in texts])
+
+
+def test_texts_are_batched_longest_first_and_returned_in_order():
+    texts = ["aa", "a" * 9, "a", "a" * 5, "a" * 7, "aaa", "a" * 4]
+    enc = _LengthEncoder(batch_size=3)
+    out = enc.encode_text(texts)
+    assert [len(b) for b in enc.batches] == [3, 3, 1]
+    assert [[len(t) for t in b] for b in enc.batches] == [[9, 7, 5], [4, 3, 2], [1]]
+    expected = np.array([[len(t), 1.0] for t in texts])
+    np.testing.assert_allclose(out, expected / np.linalg.norm(expected, axis=1, keepdims=True), rtol=1e-6)
+    assert out.dtype == np.float32 and out.flags.c_contiguous
+    # one batch: input order, untouched
+    enc = _LengthEncoder(batch_size=10)
+    enc.encode_text(texts)
+    assert enc.batches == [texts]
+
+
 @pytest.mark.parametrize("spec, match", [
     ("clip:ViT-B-32", "unknown encoder spec"),
     ("ViT-B-32", "unknown encoder spec"),
@@ -205,6 +248,53 @@ def test_minilm_input_errors(minilm, images):
     with pytest.raises(NotImplementedError, match="text-only") as info:
         minilm.encode_images(images[0])
     assert isinstance(info.value, RuntimeError)
+
+
+def test_minilm_loads_its_weights_on_first_use():
+    enc = load("minilm", device="cpu")
+    assert not enc.is_loaded
+    assert enc.name == "minilm" and enc.tau == 0.05 and not enc.has_images
+    assert enc.dim == 384 and enc.is_loaded  # reading dim loads the model
+    enc2 = load("minilm", device="cpu")
+    enc2.encode_text(["a cat"])
+    assert enc2.is_loaded
+
+
+def test_cached_anchors_and_row_queries_load_no_weights(tmp_path):
+    """Nothing to embed: no weights are loaded, no progress bar, no backend imported."""
+    from click.testing import CliRunner
+
+    from anchordiv.cli import cli
+
+    table = tmp_path / "items.csv"
+    table.write_text("text,label\n" + "".join(f"{t},{i % 2}\n" for i, t in enumerate(TEXTS)))
+    anchors = tmp_path / "anchors.yaml"
+    anchors.write_text("animals: [a cat, a dog]\nthings: [a chest x-ray, the sky]\n")
+    coll = tmp_path / "coll"
+    for args in (["embed", table, "--column", "text", "--out", coll, "--device", "cpu"],
+                 ["anchors", anchors, "--model", "minilm", "--device", "cpu"]):
+        res = CliRunner().invoke(cli, [str(a) for a in args])
+        assert res.exit_code == 0, res.output
+    code = f"""
+import sys
+from anchordiv import encoders
+from anchordiv.anchorsfile import resolve_anchor_spec
+from anchordiv.cli import cli
+coll, anchors = {str(coll)!r}, {str(anchors)!r}
+for args in (["search", coll, "--anchors", anchors + ":animals", "--query-row", "1", "-k", "2"],
+             ["search", coll, "--anchors", anchors, "--model", "gaussian", "--query-row", "0",
+              "-k", "2", "--format", "json"],
+             ["compare", coll, "--anchors", anchors + ":things", "--query-row", "2", "-k", "2",
+              "--out", {str(tmp_path / "report")!r}]):
+    cli.main([str(a) for a in args], standalone_mode=False)
+enc = encoders.load("minilm", device="cpu")   # as `eval` does before resolving its anchors
+res = resolve_anchor_spec(anchors + ":animals", enc)
+print("RESULT", res.embedded.from_cache, enc.is_loaded, [m for m in {HEAVY!r} if m in sys.modules])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "RESULT True False []" in out.stdout
+    assert "Loading weights" not in out.stderr and "it/s" not in out.stderr, out.stderr
 
 
 def test_sentence_transformers_from_path(minilm):

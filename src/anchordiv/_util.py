@@ -210,3 +210,15 @@ def json_scalar(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
+
+
+class EmbeddingRows:
+    """Mixin for a set of rows held as ``self.embeddings`` (n, d): ``len()`` and ``dim``."""
+
+    def __len__(self) -> int:
+        return int(self.embeddings.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """Embedding dimension d."""
+        return int(self.embeddings.shape[1])

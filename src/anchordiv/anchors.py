@@ -13,9 +13,10 @@ import numpy as np
 import torch
 
 from ._backend import as_tensor, positive_int
+from ._util import EmbeddingRows
 
 
-class AnchorSet:
+class AnchorSet(EmbeddingRows):
     """A weighted set of anchor embeddings.
 
     Parameters
@@ -68,14 +69,6 @@ class AnchorSet:
         self.weights: torch.Tensor = w
 
     # ------------------------------------------------------------------ basics
-    def __len__(self) -> int:
-        return int(self.embeddings.shape[0])
-
-    @property
-    def dim(self) -> int:
-        """Embedding dimension d."""
-        return int(self.embeddings.shape[1])
-
     @property
     def device(self) -> torch.device:
         return self.embeddings.device

@@ -68,9 +68,27 @@ def smallest_k(scores: torch.Tensor, index: torch.Tensor, k: int) -> tuple[torch
     vals, idx = vals.gather(1, o), idx.gather(1, o)
     if bool(tied.any()):
         rows = torch.nonzero(tied).flatten()
-        d, i = smallest_k(scores[rows], index[rows], n)
-        vals[rows], idx[rows] = d[:, :k], i[:, :k]
+        d, i = _resolve_ties(scores[rows], index[rows], top_vals[rows, k - 1], k)
+        vals[rows], idx[rows] = d, i
     return vals, idx
+
+
+def _resolve_ties(scores: torch.Tensor, index: torch.Tensor, kth: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows whose k-th smallest value ``kth`` is tied: every entry below it, then the tied
+    entries of lowest index. With ``index`` increasing along the row (a block of keys) this is
+    one linear pass; otherwise (a short merge of two result lists) a full ordered sort."""
+    increasing = bool((index[:, 1:] > index[:, :-1]).all()) if index.shape[1] > 1 else True
+    if not increasing:
+        d, i = smallest_k(scores, index, scores.shape[1])
+        return d[:, :k], i[:, :k]
+    below = scores < kth[:, None]
+    equal = scores == kth[:, None]
+    need = k - below.sum(1, keepdim=True)
+    chosen = below | (equal & (torch.cumsum(equal, 1) <= need))
+    cols = torch.nonzero(chosen)[:, 1].view(-1, k)  # exactly k per row, in column order
+    vals, idx = scores.gather(1, cols), index.gather(1, cols)
+    o = torch.argsort(vals, dim=1, stable=True)  # columns ascend with the index: stable keeps ties by index
+    return vals.gather(1, o), idx.gather(1, o)
 
 
 class TopK:

@@ -127,7 +127,8 @@ __all__ = [
 
 # Number of matrix elements processed at once by the vectorised AP kernel.
 # The kernel keeps roughly ten temporaries of this size (about 80 bytes per
-# element in total), so the default uses a few hundred MiB at most.
+# element in total), so the default uses a few hundred MiB at most.  The
+# ranking kernels (recall@k, ..., nDCG) keep about twice as many and use half.
 _DEFAULT_BLOCK_ELEMENTS = 1 << 22
 
 
@@ -196,9 +197,10 @@ def _check_relevant(relevant: Any, shape: tuple[int, ...]) -> np.ndarray:
     return r
 
 
-def _check_batch_size(batch_size: int | None, n_cols: int) -> int:
+def _check_batch_size(batch_size: int | None, n_cols: int,
+                      block_elements: int = _DEFAULT_BLOCK_ELEMENTS) -> int:
     batch_size = positive_int(batch_size, "`batch_size`", allow_none=True)
-    return max(1, _DEFAULT_BLOCK_ELEMENTS // max(n_cols, 1)) if batch_size is None else batch_size
+    return max(1, block_elements // max(n_cols, 1)) if batch_size is None else batch_size
 
 
 # --------------------------------------------------------------------------- #
@@ -255,16 +257,18 @@ def _check_square(shape: tuple[int, ...]) -> None:
 
 
 def _rowwise(
-    kernel: Any, d: np.ndarray, rel: np.ndarray, exclude_self: bool, batch_size: int | None
+    kernel: Any, d: np.ndarray, rel: np.ndarray, exclude_self: bool, batch_size: int | None,
+    block_elements: int = _DEFAULT_BLOCK_ELEMENTS,
 ) -> np.ndarray:
     """Apply ``kernel(d_rows, rel_rows) -> (n,)`` to blocks of rows of ``d`` (Q, G).
 
-    With ``exclude_self`` the diagonal pair is removed from each row first.
+    With ``exclude_self`` the diagonal pair is removed from each row first.  Without a
+    ``batch_size``, a block holds about ``block_elements`` matrix elements.
     """
     q, g = d.shape
     if exclude_self:
         _check_square(d.shape)
-    rows = _check_batch_size(batch_size, g)
+    rows = _check_batch_size(batch_size, g, block_elements)
     out = np.empty(q, dtype=np.float64)
     for start in range(0, q, rows):
         stop = min(start + rows, q)
@@ -549,13 +553,16 @@ def _ranking_metric(
     """Validate the inputs and apply a per-row kernel; a float for 1-D input."""
     d = _check_distances(distances)
     rel = _check_grades(relevance, d.shape) if graded else _check_relevant(relevance, d.shape)
-    if d.ndim == 1:
+    distances_1d = d.ndim == 1
+    if distances_1d:
         if exclude_self:
             raise ValueError(
                 "`exclude_self=True` needs a square 2-D `distances`; got a 1-D array"
             )
-        return float(_rowwise(kernel, d[None, :], rel[None, :], False, batch_size)[0])
-    return _rowwise(kernel, d, rel, exclude_self, batch_size)
+        d, rel = d[None, :], rel[None, :]
+    # The ranking kernels keep about twice the temporaries of the AP kernel.
+    out = _rowwise(kernel, d, rel, exclude_self, batch_size, _DEFAULT_BLOCK_ELEMENTS // 2)
+    return float(out[0]) if distances_1d else out
 
 
 def recall_at_k(

@@ -88,6 +88,12 @@ def load(spec: str = DEFAULT_SPEC, device: Any = None, batch_size: int = DEFAULT
     FileNotFoundError
         If an ``open_clip:ARCH/PATH`` checkpoint file does not exist.
 
+    Notes
+    -----
+    ``minilm`` and ``sentence-transformers:`` encoders import sentence-transformers and
+    read their weights on first use (``encode_text``, ``model`` or ``dim``), so loading
+    one that embeds nothing is free; an unknown model name is reported then.
+
     Examples
     --------
     >>> enc = load("minilm", device="cpu")            # doctest: +SKIP

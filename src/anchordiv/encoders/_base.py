@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -200,7 +201,9 @@ class Encoder:
     batch_size : int
         Default number of items per forward pass.
     model : object
-        The underlying backend model.
+        The underlying backend model. Text-only sentence-transformers encoders load
+        it (and its weights) on first use, so an encoder that embeds nothing (all
+        anchors cached, row queries) costs no loading; see ``is_loaded``.
     """
 
     has_images: bool = False
@@ -208,13 +211,19 @@ class Encoder:
     def __init__(self, name: str, model: Any, *, tau: float, device: torch.device,
                  batch_size: int) -> None:
         self.name = name
-        self.model = model
+        self._model = model
+        self._load_lock = threading.Lock()
         self.device = device
         self.batch_size = check_batch_size(batch_size)
         self._tau = check_tau(tau)
         self._dim: int | None = None
 
     # ------------------------------------------------------------ subclass API
+    def _load_model(self) -> Any:
+        """Build the backend model; called on first use when ``model`` was None. Encoders
+        that need no loaded model (or were given one) keep this default, which loads nothing."""
+        return None
+
     def _encode_text_batch(self, texts: list[str]) -> Any:
         raise NotImplementedError
 
@@ -223,13 +232,34 @@ class Encoder:
 
     # ----------------------------------------------------------------- public
     @property
+    def model(self) -> Any:
+        """The backend model, loaded on first access by encoders that load lazily."""
+        if self._model is None:
+            with self._load_lock:
+                if self._model is None:
+                    self._model = self._load_model()
+        return self._model
+
+    @model.setter
+    def model(self, value: Any) -> None:
+        self._model = value
+
+    @property
+    def is_loaded(self) -> bool:
+        """Whether the backend model (its weights) is loaded."""
+        return self._model is not None
+
+    @property
     def tau(self) -> float:
         """Temperature of the model's contrastive softmax."""
         return self._tau
 
     @property
     def dim(self) -> int:
-        """Embedding dimension (found by encoding one short text on first access)."""
+        """Embedding dimension (known once the model is loaded, else found by encoding one
+        short text on first access)."""
+        if self._dim is None:
+            _ = self.model  # a lazily loading encoder learns its dimension as it loads
         if self._dim is None:
             self._dim = int(self.encode_text(["a"], progress=False).shape[1])
         return self._dim

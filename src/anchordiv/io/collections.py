@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from .._util import EmbeddingRows
 from .readers import (_concat_frames, _first_nonfinite_row, _load_npy_shards, _load_parquet_files, _natural_key,
                       _read_parquet)
 
@@ -31,7 +32,7 @@ _METADATA_PREFIX = "metadata"
 
 
 @dataclass(repr=False, eq=False)
-class Collection:
+class Collection(EmbeddingRows):
     """Embeddings of a set of texts or images, with optional per-row metadata.
 
     Parameters
@@ -82,13 +83,6 @@ class Collection:
                 f"{self.embeddings.shape[0]}; they must describe the same rows in the same order"
             )
 
-    def __len__(self) -> int:
-        return int(self.embeddings.shape[0])
-
-    @property
-    def dim(self) -> int:
-        """Embedding dimension ``d``."""
-        return int(self.embeddings.shape[1])
 
     @property
     def columns(self) -> list[str]:
