@@ -75,10 +75,10 @@ def test_softmax_equals_explicit_kl_of_softmaxes(data, rng):
     np.testing.assert_allclose(m.divergence(Q, G[: len(Q)]), np.diag(ref[:, : len(Q)]), rtol=1e-9, atol=1e-10)
 
 
-def test_softmax_anchor_chunking_is_exact(data):
+def test_softmax_anchor_batch_sizeing_is_exact(data):
     anchors, Q, G = data
-    a = ad.Softmax(tau=0.01, anchor_chunk=7).fit(anchors)
-    b = ad.Softmax(tau=0.01, anchor_chunk=10_000).fit(anchors)
+    a = ad.Softmax(tau=0.01, anchor_batch_size=7).fit(anchors)
+    b = ad.Softmax(tau=0.01, anchor_batch_size=10_000).fit(anchors)
     np.testing.assert_allclose(a.pairwise(Q, G, symmetric=False), b.pairwise(Q, G, symmetric=False), rtol=1e-12, atol=1e-12)
 
 
@@ -389,7 +389,7 @@ def test_softmax_attention_path_equals_streaming(weighted, rng):
     d = 32
     anchors = unit_rows(rng, 500, d, rng.normal(size=d)).astype(np.float32)
     w = rng.uniform(0.2, 1.0, size=500) if weighted else None
-    m = ad.Softmax(tau=0.01, anchor_chunk=64).fit(ad.AnchorSet(anchors, weights=w))
+    m = ad.Softmax(tau=0.01, anchor_batch_size=64).fit(ad.AnchorSet(anchors, weights=w))
     eta = torch.as_tensor(unit_rows(rng, 40, d), dtype=torch.float32) / 0.01
     fused = attention_grad(eta, m.anchors_, m.log_weights_, uniform=not weighted)
     streamed = m._cgf_and_grad(eta)[1]

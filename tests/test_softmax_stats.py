@@ -39,7 +39,7 @@ def data():
 
 def fit(anchors, weights, chunk, tau=TAU):
     measure = ad.AnchorSet(anchors, weights=weights)
-    params = {} if chunk is None else {"anchor_chunk": chunk}       # None: the default chunk
+    params = {} if chunk is None else {"anchor_batch_size": chunk}       # None: the default chunk
     return ad.Softmax(tau=tau, **params).fit(measure)
 
 
@@ -84,7 +84,7 @@ def test_float64_rows_with_float32_anchors(data):
     """Float64 η against float32 anchors: each chunk is cast, the result is exact in float64."""
     anchors, X, weights = data
     anchors32 = torch.from_numpy(anchors.astype(np.float32))
-    model = ad.Softmax(tau=TAU, anchor_chunk=7).fit(ad.AnchorSet(anchors32, weights=weights))
+    model = ad.Softmax(tau=TAU, anchor_batch_size=7).fit(ad.AnchorSet(anchors32, weights=weights))
     eta = torch.from_numpy(X / TAU)
     kappa, grad = model.cgf(eta), model.grad_cgf(eta)
     assert kappa.dtype == torch.float64 and grad.dtype == torch.float64

@@ -12,7 +12,7 @@ from .base import AnchorModel
 
 
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: Rows per block of the streamed log-sum-exp; one (rows × anchor_chunk) logits buffer is reused.
+#: Rows per block of the streamed log-sum-exp; one (rows × anchor_batch_size) logits buffer is reused.
 ROW_BLOCK = 4096
 
 
@@ -35,7 +35,7 @@ class Softmax(AnchorModel):
         \\quad P(i|\\lambda) \\propto w_i \\exp(\\lambda^\\top\\gamma_i/\\tau).
 
     ∇κ is attention with keys = values = anchors and log-weights as a logit bias. The
-    statistics stream over the anchors in chunks of ``anchor_chunk`` with a running
+    statistics stream over the anchors in chunks of ``anchor_batch_size`` with a running
     log-sum-exp, in blocks of ``ROW_BLOCK`` rows that reuse one logits buffer, so memory
     does not grow with the number of anchors N beyond the anchors themselves.
     Reference: Kannan, Park, Veitch (2026), §2, eq. 2.2 and App. F.4.
@@ -51,7 +51,7 @@ class Softmax(AnchorModel):
     ----------
     tau, logit_scale : float
         Temperature, or its inverse. Give exactly one.
-    anchor_chunk : int, default 1024
+    anchor_batch_size : int, default 1024
         Anchors processed per step of the running log-sum-exp.
 
     Attributes
@@ -62,9 +62,9 @@ class Softmax(AnchorModel):
         log w_i (float64).
     """
 
-    def __init__(self, *, tau: float | None = None, logit_scale: float | None = None, anchor_chunk: int = 1024):
+    def __init__(self, *, tau: float | None = None, logit_scale: float | None = None, anchor_batch_size: int = 1024):
         super().__init__(tau=tau, logit_scale=logit_scale)
-        self.anchor_chunk = anchor_chunk
+        self.anchor_batch_size = anchor_batch_size
 
     def fit(self, anchors, prior=None) -> "Softmax":
         """Store the anchor measure. Softmax is nonparametric and takes no prior."""
@@ -147,7 +147,7 @@ class Softmax(AnchorModel):
         # measure adds its constant log w to κ at the end instead of to every logit.
         n, d = eta.shape
         n_anchors = self.anchors_.shape[0]
-        step = min(max(1, int(self.anchor_chunk)), n_anchors)
+        step = min(max(1, int(self.anchor_batch_size)), n_anchors)
         rows = min(ROW_BLOCK, n)
         uniform = getattr(self, "_uniform", False)
         log_w = self.log_weights_.to(eta.dtype)
