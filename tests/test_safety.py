@@ -300,3 +300,12 @@ def test_progress_false_silences_every_bar(small, capfd, monkeypatch):
     assert capfd.readouterr().err == ""
     m.search(Q, G, k=3)  # default: these bars do show
     assert "statistics" in capfd.readouterr().err
+
+
+def test_index_files_of_the_eta_unit_format_are_refused(tmp_path, small):
+    anchors, Q, G = small
+    path = tmp_path / "v1.index"
+    Index(ad.Softmax(tau=0.05).fit(anchors)).add(G).save(path)
+    _rewrite(path, lambda p: p.__setitem__("version", 1))
+    with pytest.raises(ValueError, match="format version 1.*reads version 2: rebuild the index"):
+        Index.load(path)

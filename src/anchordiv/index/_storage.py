@@ -175,6 +175,7 @@ def read_payload(path: str | os.PathLike) -> dict:
     if payload.get("version") != VERSION:
         raise ValueError(
             f"{path!r} is an index file of format version {payload.get('version')!r}; "
-            f"this anchordiv reads version {VERSION}."
+            f"this anchordiv reads version {VERSION}: rebuild the index from its collection "
+            "(ad.Index(...).add(...) or `anchordiv index build`)."
         )
     return payload
