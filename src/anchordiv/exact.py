@@ -51,6 +51,8 @@ def smallest_k(scores: torch.Tensor, index: torch.Tensor, k: int) -> tuple[torch
     place too, go to the lower index, so the result is deterministic.
     """
     n = scores.shape[1]
+    # one index row shared by all rows and increasing (a block of keys): ties resolve in one pass
+    increasing = index.ndim == 1 and (n < 2 or bool((index[1:] > index[:-1]).all()))
     index = index.expand_as(scores)
     if k >= n:
         order = torch.argsort(index, dim=1, stable=True)
@@ -68,24 +70,29 @@ def smallest_k(scores: torch.Tensor, index: torch.Tensor, k: int) -> tuple[torch
     vals, idx = vals.gather(1, o), idx.gather(1, o)
     if bool(tied.any()):
         rows = torch.nonzero(tied).flatten()
-        d, i = _resolve_ties(scores[rows], index[rows], top_vals[rows, k - 1], k)
+        d, i = _resolve_ties(scores[rows], index[rows], top_vals[rows, k - 1], k, increasing)
         vals[rows], idx[rows] = d, i
     return vals, idx
 
 
-def _resolve_ties(scores: torch.Tensor, index: torch.Tensor, kth: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _resolve_ties(scores: torch.Tensor, index: torch.Tensor, kth: torch.Tensor, k: int,
+                  increasing: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows whose k-th smallest value ``kth`` is tied: every entry below it, then the tied
     entries of lowest index. With ``index`` increasing along the row (a block of keys) this is
     one linear pass; otherwise (a short merge of two result lists) a full ordered sort."""
-    increasing = bool((index[:, 1:] > index[:, :-1]).all()) if index.shape[1] > 1 else True
     if not increasing:
         d, i = smallest_k(scores, index, scores.shape[1])
         return d[:, :k], i[:, :k]
-    below = scores < kth[:, None]
-    equal = scores == kth[:, None]
-    need = k - below.sum(1, keepdim=True)
-    chosen = below | (equal & (torch.cumsum(equal, 1) <= need))
-    cols = torch.nonzero(chosen)[:, 1].view(-1, k)  # exactly k per row, in column order
+    # the candidates (value ≤ kth) in row-major order: all below kth, and the tied ones by column
+    r, c = torch.nonzero(scores <= kth[:, None], as_tuple=True)
+    v = scores[r, c]
+    tie = v == kth[r]
+    below = torch.bincount(r[~tie], minlength=scores.shape[0])
+    tie_rank = torch.cumsum(tie.long(), 0) - 1  # running count of ties, made per row below
+    first_tie = torch.zeros_like(below)
+    first_tie.scatter_reduce_(0, r[tie], tie_rank[tie], reduce="amin", include_self=False)
+    keep = ~tie | (tie_rank - first_tie[r] < (k - below)[r])
+    cols = c[keep].view(-1, k)  # exactly k per row, in column order
     vals, idx = scores.gather(1, cols), index.gather(1, cols)
     o = torch.argsort(vals, dim=1, stable=True)  # columns ascend with the index: stable keeps ties by index
     return vals.gather(1, o), idx.gather(1, o)
