@@ -170,10 +170,11 @@ def where(stack: list[str]) -> str:
 
 
 def run(quick: bool = False, log=print) -> dict:
-    from bench_search import source_state
+    from bench_search import source_note, source_state
 
     cfg = QUICK if quick else FULL
     t_start = time.perf_counter()
+    source_before = source_state()
     d = cfg["d"]
     specs = []
     for B in cfg["budgets"]:
@@ -244,6 +245,7 @@ def run(quick: bool = False, log=print) -> dict:
                             f"{fit_growth / MiB:+.1f} ({fit_growth / dn:+.3f})",
                             f"{total_growth / MiB:+.1f} ({total_growth / dn:+.3f})"])
     wall = time.perf_counter() - t_start
+    source_after = source_state()
     md = f"""
 Softmax (τ = {bl.TAU}), symmetric, k = {K}, float32, d = {d}, clustered unit vectors (`bench_search.clustered`:
 1000 centres, radius ≈ 0.66). Each row is one fresh process: it draws anchors, Q and G, fits the model, calls
@@ -263,7 +265,7 @@ its imports (anchors, Q, G and model included).
 
 {bl.table(['budget MiB', 'N', 'ΔN·d·4 MiB', 'search peak', 'fit', 'total'], growth_rows)}
 
-Wall time {wall:.0f} s.
+Wall time {wall:.0f} s. {source_note(source_before, source_after)}
 """
     targets = []
     for label in dict.fromkeys(r["case"] for r in records):
@@ -277,7 +279,7 @@ Wall time {wall:.0f} s.
                                  "; ".join(f"{r['budget'] // MiB} MiB: {r.get('ratio', float('nan')):.2f}×" for r in bad)))
     text = bl.write_result("memory", "Peak memory against memory_budget", md,
                            {"config": cfg, "rows": records, "growth": growth, "raw": raw, "wall_s": wall,
-                            "source": source_state()}, targets)
+                            "source": {"before": source_before, "after": source_after}}, targets)
     return {"markdown": text, "targets": targets}
 
 

@@ -157,7 +157,18 @@ def source_state() -> dict:
             return subprocess.run(["git", *args], cwd=bl.ROOT, capture_output=True, text=True, timeout=30).stdout.rstrip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    return {"commit": git("rev-parse", "HEAD"), "modified_src": git("status", "--porcelain", "--", "src").splitlines()}
+    newest = max(((f.stat().st_mtime, str(f.relative_to(bl.ROOT))) for f in (bl.ROOT / "src").rglob("*.py")), default=(0, ""))
+    return {"commit": git("rev-parse", "HEAD"), "modified_src": git("status", "--porcelain", "--", "src").splitlines(),
+            "newest_src": {"file": newest[1], "mtime": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(newest[0]))}}
+
+
+def source_note(before: dict, after: dict) -> str:
+    """A warning when the library's sources changed while a benchmark ran (a shared checkout)."""
+    if before == after:
+        return f"Library: commit {before['commit'][:10]}, {len(before['modified_src'])} modified files under src/."
+    return (f"**The library's sources changed during this run** (newest file {before['newest_src']['file']} at "
+            f"{before['newest_src']['mtime']} UTC before, {after['newest_src']['file']} at {after['newest_src']['mtime']} "
+            "UTC after): rows measured at different times may have run different code.")
 
 
 # ---------------------------------------------------------------------- reference
@@ -366,6 +377,7 @@ def bench_e2e(rec: Recorder, cfg: dict, anchors: torch.Tensor) -> None:
 def run(quick: bool = False, log=print) -> dict:
     cfg = QUICK if quick else FULL
     start = time.perf_counter()
+    source_before = source_state()
     load_before = os.getloadavg()
     rec = Recorder(log)
     d = cfg["d"]
@@ -405,6 +417,7 @@ def run(quick: bool = False, log=print) -> dict:
     timings["minilm"] = time.perf_counter() - t0
     wall = time.perf_counter() - start
     load_after = os.getloadavg()
+    source_after = source_state()
 
     rows = [[r["case"], r["data"], f"{r['Q']:,}", f"{r['G']:,}", r["D"], f"{r['ours_s']:.4g}", f"{r['raw_s']:.4g}",
              f"{r['ratio']:.3f}", f"{r['cpu_ratio']:.3f}",
@@ -444,6 +457,7 @@ gallery; softmax/Gaussian fitted on {m['anchors']:,} other scene texts (seed 1),
 Wall time {wall:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in timings.items())}). The machine is shared:
 load average {load_before[0]:.1f} at the start and {load_after[0]:.1f} at the end on {os.cpu_count()} CPUs, so single
 rows (above all those with 1–2 repetitions) can be off by tens of percent; compare rows of one kind.
+{source_note(source_before, source_after)}
 """
     targets = []
     groups = [("knn on precomputed features", lambda r: r["case"].startswith("knn ") and "stream" not in r["case"]),
@@ -466,7 +480,7 @@ rows (above all those with 1–2 repetitions) can be off by tens of percent; com
     text = bl.write_result("search", "Exact search against raw torch GEMM + topk", md,
                            {"config": cfg, "cluster_radius": radius, "rows": rec.rows, "timings_s": timings,
                             "stream": stream_info, "wall_s": wall, "loadavg": [load_before, load_after],
-                            "source": source_state()}, targets)
+                            "source": {"before": source_before, "after": source_after}}, targets)
     return {"markdown": text, "targets": targets}
 
 
