@@ -51,8 +51,7 @@ def smallest_k(scores: torch.Tensor, index: torch.Tensor, k: int) -> tuple[torch
     place too, go to the lower index, so the result is deterministic.
     """
     n = scores.shape[1]
-    # one index row shared by all rows and increasing (a block of keys): ties resolve in one pass
-    increasing = index.ndim == 1 and (n < 2 or bool((index[1:] > index[:-1]).all()))
+    shared = index if index.ndim == 1 else None
     index = index.expand_as(scores)
     if k >= n:
         order = torch.argsort(index, dim=1, stable=True)
@@ -70,6 +69,8 @@ def smallest_k(scores: torch.Tensor, index: torch.Tensor, k: int) -> tuple[torch
     vals, idx = vals.gather(1, o), idx.gather(1, o)
     if bool(tied.any()):
         rows = torch.nonzero(tied).flatten()
+        # one index row shared by all rows and increasing (a block of keys): one linear pass
+        increasing = shared is not None and (n < 2 or bool((shared[1:] > shared[:-1]).all()))
         d, i = _resolve_ties(scores[rows], index[rows], top_vals[rows, k - 1], k, increasing)
         vals[rows], idx[rows] = d, i
     return vals, idx
