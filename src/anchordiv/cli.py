@@ -283,7 +283,7 @@ def _item_id(collection: Any, row: int) -> Any:
     """How every command names an item: its 'id' column value, else its row number."""
     meta = getattr(collection, "metadata", None)
     if meta is not None and "id" in meta.columns:
-        return _plain(meta["id"].iloc[row])
+        return json_scalar(meta["id"].iloc[row])
     return int(row)
 
 
@@ -383,10 +383,6 @@ def _check_k(k: int, n: int) -> None:
         raise click.BadParameter(f"{k} exceeds the {n} items searched; pass -k {n} or less", param_hint="-k")
 
 
-def _plain(value: Any) -> Any:
-    """A JSON-friendly form of a metadata value."""
-    return json_scalar(value)
-
 
 def _own_rows(queries: _Queries, include_self: bool) -> Any:
     """Each query's own collection row (−1 for text and image queries) to exclude, or None."""
@@ -418,7 +414,7 @@ def _results(collection: Any, queries: _Queries, distances: Any, indices: Any) -
                    "row": int(i), "distance": float(d)}
             if meta is not None and i < len(meta):
                 for c in columns:
-                    hit[c] = _plain(meta[c].iloc[i])
+                    hit[c] = json_scalar(meta[c].iloc[i])
             hits.append(hit)
         out.append({"query": label, "kind": queries.kinds[qi], "row": queries.rows[qi], "results": hits})
     return out

@@ -102,6 +102,7 @@ class Index:
         self._ids = np.zeros(0, dtype=np.int64) if ids is None else ids
         self._dim = dim
         self._lookup: tuple[np.ndarray, np.ndarray] | None = None
+        self._width: int | None = None  # width of φ and ψ (they pair up in one inner product)
         if isinstance(backend, MilvusBackend):
             backend.bind(model, symmetric)  # named in the fingerprint of the collection it creates
 
@@ -224,7 +225,7 @@ class Index:
         g, _ = self._vectors(G, "G")
         new = self._new_ids(ids, g.shape[0])
         budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
-        width = self._model._key_terms(g[:1], self._symmetric).shape[1]  # the feature width sets the block
+        width = self._feature_width(g)  # the feature width sets the block
         rows = block_shape(1, g.shape[0], width, g.element_size(), 1, budget)[1]
         self._backend.reserve(g.shape[0], width, g.dtype, g.device)
         for start in range(0, g.shape[0], rows):
@@ -266,7 +267,7 @@ class Index:
         ex = None if exclude is None else self._excluded_positions(exclude, q.shape[0], k, q.device)
         # the query features are made a block at a time, within the key share of the budget
         budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
-        width = self._model._query_terms(q[:1], self._symmetric)[1].shape[1]
+        width = self._feature_width(q)
         rows = block_shape(1, q.shape[0], width, q.element_size(), 1, budget)[1]
         parts = [self._search_block(q[s:s + rows], k, None if ex is None else ex[s:s + rows])
                  for s in range(0, q.shape[0], rows)]
@@ -276,6 +277,12 @@ class Index:
         if kind.is_numpy:
             return kind.out(dist), ids
         return kind.out(dist.to(q.device)), torch.from_numpy(ids).to(q.device)
+
+    def _feature_width(self, X: torch.Tensor) -> int:
+        """Width of the feature maps, from one row's key features the first time it is needed."""
+        if self._width is None:
+            self._width = int(self._model._key_terms(X[:1], self._symmetric).shape[1])
+        return self._width
 
     def _search_block(self, q: torch.Tensor, k: int, ex: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         offsets, phi = self._model._query_terms(q, self._symmetric)

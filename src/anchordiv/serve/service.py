@@ -91,10 +91,6 @@ class Context:
     seconds: float
 
 
-def _plain(value: Any) -> Any:
-    """A JSON-friendly scalar."""
-    return json_scalar(value)
-
 
 def _nbytes(*tensors: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
@@ -403,12 +399,12 @@ class Service:
                                            else str(value))
 
     def labels_of(self, row: int) -> dict:
-        return {c: _plain(self._values[c][row]) for c in self.label_columns}
+        return {c: json_scalar(self._values[c][row]) for c in self.label_columns}
 
     def item(self, row: int) -> dict:
         """What ``GET /api/items/{id}`` returns."""
         return {"id": row, "text": self.item_text(row), "labels": self.labels_of(row),
-                "metadata": {c: _plain(self._values[c][row]) for c in self.columns if c != "image_path"},
+                "metadata": {c: json_scalar(self._values[c][row]) for c in self.columns if c != "image_path"},
                 "thumbnail": f"/api/thumb/{row}" if self.has_images else None}
 
     def _image_file(self, row: int) -> Path | None:
@@ -616,7 +612,7 @@ class Service:
 
     def clip_metadata(self, row: int) -> dict:
         """A row's metadata fields as clip-retrieval returns them (``caption``, ``image_path``, labels...)."""
-        meta = {c: _plain(self._values[c][row]) for c in self.columns}
+        meta = {c: json_scalar(self._values[c][row]) for c in self.columns}
         if self.item_column in ("text",) and "caption" not in meta:
             meta["caption"] = meta[self.item_column]
         if self.has_images:
