@@ -237,7 +237,7 @@ def test_encoder_slug():
 
 
 def test_real_minilm_anchors(yaml_file):
-    from anchordiv.cli import LazyEncoder
+    from anchordiv.encoders import LazyEncoder
 
     enc = LazyEncoder("minilm", "cpu")
     emb = embed_anchors(yaml_file, enc)

@@ -23,7 +23,9 @@ from typing import Any, Sequence
 import click
 
 from . import __version__
+from ._cli_values import parse_params as _parse_params, parse_rank as _parse_rank
 from ._util import json_scalar
+from .encoders import LazyEncoder
 from .models import default_tau, model_names, registry
 
 #: Geometries accepted by ``--model`` (the registry of :func:`anchordiv.make_model`).
@@ -38,7 +40,6 @@ RECALL_SAMPLE, RECALL_WARNING = 200, 0.95
 INDEX_META_SUFFIX = ".anchordiv.json"
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-_ENCODERS: dict[tuple, Any] = {}
 
 
 # ---------------------------------------------------------------------------
@@ -112,61 +113,6 @@ class _Group(click.Group):
 
 # ---------------------------------------------------------------------------
 # shared helpers
-
-
-class LazyEncoder:
-    """An encoder that is loaded on first use; its ``name`` (the spec) is known at once.
-
-    Parameters
-    ----------
-    spec : str
-        Encoder spec for :func:`anchordiv.encoders.load`.
-    device : str, optional
-        Device to run on.
-    batch_size : int, optional
-        Items per forward pass.
-
-    Notes
-    -----
-    Loaded encoders are kept for the life of the process, keyed by spec and device, so
-    repeated commands in one process load a model once.
-    """
-
-    def __init__(self, spec: str, device: str | None = None, batch_size: int | None = None):
-        self.name = spec
-        self._device = device
-        self._batch_size = batch_size
-
-    @property
-    def loaded(self) -> Any:
-        """The underlying encoder (loaded now if needed)."""
-        from . import encoders
-
-        key = (self.name, str(encoders.resolve_device(self._device)))
-        if key not in _ENCODERS:
-            _ENCODERS[key] = encoders.load(self.name, device=key[1])
-        enc = _ENCODERS[key]
-        if self._batch_size is not None:
-            enc.batch_size = encoders.check_batch_size(self._batch_size)
-        return enc
-
-    def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("_"):
-            raise AttributeError(attr)
-        return getattr(self.loaded, attr)
-
-
-def _parse_rank(value: str | None) -> int | float | None:
-    """``--rank`` as an int k or a float variance fraction."""
-    if value is None:
-        return None
-    text = value.strip()
-    try:
-        if any(c in text for c in ".eE"):
-            return float(text)
-        return int(text)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an int k or a variance fraction in (0, 1]", param_hint="--rank") from None
 
 
 def _split_models(values: Sequence[str], default: str = "softmax") -> list[str]:
@@ -479,27 +425,6 @@ def _read_index_meta(path: str) -> dict:
     except (OSError, ValueError) as exc:
         raise ValueError(f"--index: cannot read {str(p)!r} ({exc}); rebuild the index") from None
     return data if isinstance(data, dict) else {}
-
-
-def _parse_params(values: Sequence[str]) -> dict:
-    out: dict[str, Any] = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--param")
-        raw = raw.strip()
-        value: Any = raw
-        for conv in (int, float):
-            try:
-                value = conv(raw)
-                break
-            except ValueError:
-                continue
-        if raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        out[key] = value
-    return out
 
 
 def _as_device(device: str | None, *arrays: Any) -> list[Any]:

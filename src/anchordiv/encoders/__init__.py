@@ -43,6 +43,7 @@ from ._base import (
     check_tau,
     resolve_device,
 )
+from ._lazy import LazyEncoder
 from ._sentence import SENTENCE_TRANSFORMERS_TAU, minilm_path
 
 #: Spec of the offline default encoder.
@@ -140,6 +141,6 @@ def load(spec: str = DEFAULT_SPEC, device: Any = None, batch_size: int = DEFAULT
 
 
 __all__ = [
-    "load", "Encoder", "MissingDependencyError", "DEFAULT_SPEC", "DEFAULT_BATCH_SIZE",
+    "load", "Encoder", "LazyEncoder", "MissingDependencyError", "DEFAULT_SPEC", "DEFAULT_BATCH_SIZE",
     "PREFIXES", "PROGRESS_MIN_BATCHES", "SENTENCE_TRANSFORMERS_TAU", "minilm_path",
 ]

@@ -53,7 +53,7 @@ def _default(protocol: Callable, name: str) -> list[str]:
 def _model_params(models: Sequence[str], components: int | None, rank: str | None,
                   params: Sequence[str]) -> dict[str, dict]:
     """``{model: {param: value}}`` from ``--components``, ``--rank`` and ``--param`` for the fitted ``models``."""
-    from ..cli import _parse_params, _parse_rank
+    from .._cli_values import parse_params as _parse_params, parse_rank as _parse_rank
 
     out: dict[str, dict] = {}
     if components is not None:
@@ -339,7 +339,7 @@ def components(references, n_components, n_draws, **o):
 @_common()
 def table(models, baselines, per_value, values, n_draws, anchor_fraction, **o):
     """Per-label AUPRC differences against cosine and ITI; paper Tables 2 and 3."""
-    from ..cli import _parse_params
+    from .._cli_values import parse_params as _parse_params
 
     inp = _Inputs(o)
     if values:

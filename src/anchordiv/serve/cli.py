@@ -85,7 +85,7 @@ def serve_command(collection, anchors_file, index_specs, host, port, encoder, de
     """
     _check_deps()
     from ..anchorsfile import embed_anchors
-    from ..cli import LazyEncoder
+    from ..encoders import LazyEncoder
     from ..index import Index
     from ..io import load_collection
     from .service import Service

@@ -53,9 +53,9 @@ def build_demo_service(n: int = 360, seed: int = 0, encoder: Any = "minilm", des
 def demo_service(n: int = 360, seed: int = 0, encoder: str = "minilm") -> Any:
     """:func:`build_demo_service` for an encoder spec, built once per process (tests, benchmarks).
 
-    The encoder is the command line's process-wide :class:`~anchordiv.cli.LazyEncoder`, so a
+    The encoder is the command line's process-wide :class:`~anchordiv.encoders.LazyEncoder`, so a
     process that has loaded it already does not load it again.
     """
-    from ..cli import LazyEncoder
+    from ..encoders import LazyEncoder
 
     return build_demo_service(n, seed, LazyEncoder(encoder))
