@@ -73,10 +73,12 @@ class Backend:
         streams one batch in blocks); backends that keep features in memory allocate them once."""
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
-               positions_of: Callable[[np.ndarray], np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+               positions_of: Callable[[np.ndarray], np.ndarray], certify: bool = False) -> tuple:
         """Top-k ``(distances, positions)`` among the ``n`` stored keys; position −1 is a miss.
 
-        ``positions_of`` maps ids to positions (for backends that store ids).
+        ``positions_of`` maps ids to positions (for backends that store ids). With
+        ``certify``, a third item: a bool array saying per query whether the result is
+        provably the exact top-k.
         """
         raise NotImplementedError
 

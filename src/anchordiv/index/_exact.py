@@ -66,11 +66,13 @@ class ExactBackend(Backend):
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
                positions_of: Callable[[np.ndarray], np.ndarray],
-               exclude: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Exact top-k positions; ``exclude`` (n_q, e) holds positions each query must skip."""
+               exclude: torch.Tensor | None = None, certify: bool = False) -> tuple:
+        """Exact top-k positions; ``exclude`` (n_q, e) holds positions each query must skip.
+        With ``certify``, every query is certified."""
         dtype = torch.promote_types(phi.dtype, self.dtype)
-        return knn(offsets.to(dtype), phi.to(dtype), self.blocks, k, n_keys=n, exclude=exclude,
+        d, i = knn(offsets.to(dtype), phi.to(dtype), self.blocks, k, n_keys=n, exclude=exclude,
                    memory_budget=self.params["memory_budget"], keys_given=True, progress=False)
+        return (d, i, np.ones(len(d), dtype=bool)) if certify else (d, i)
 
     def key_blocks(self, stored_ids: np.ndarray, rows: int = 1 << 16):
         return iter(self.blocks)

@@ -11,6 +11,7 @@ import torch
 from .._util import require
 from ._common import (DEFAULT_MEMORY_BUDGET, Backend, margin_value, positive_int, query_blocks, rerank,
                       shortlist_size, warn_missing)
+from . import _certify
 from ._layout import VectorLayout
 
 INDEX_TYPES = ("flat", "hnsw", "ivf")
@@ -83,6 +84,7 @@ class FaissBackend(Backend):
         self.index = None
         self.layout: VectorLayout | None = None
         self.nlist: int | None = None
+        self._bounds: tuple | None = None  # centroids, (radii, radii of the ψ part), largest key norm
 
     # ------------------------------------------------------------ building
     def _new_index(self, vectors: np.ndarray):
@@ -110,6 +112,7 @@ class FaissBackend(Backend):
         return index
 
     def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
+        self._bounds = None
         if self.layout is None:
             layout = VectorLayout.for_keys(self.euclidean, psi, self.params["norm_margin"], self.norm_bound)
             vectors = layout.keys(psi)
@@ -132,7 +135,9 @@ class FaissBackend(Backend):
 
     # ------------------------------------------------------------ searching
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
-               positions_of: Callable[[np.ndarray], np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+               positions_of: Callable[[np.ndarray], np.ndarray], certify: bool = False):
+        """Top-k of the shortlist re-ranked exactly; with ``certify`` also, per query, whether
+        the result is provably the exact top-k (:mod:`anchordiv.index._certify`)."""
         p, index = self.params, self.index
         s = shortlist_size(p["shortlist"], k, n)
         if p["index_type"] == "hnsw":
@@ -140,10 +145,14 @@ class FaissBackend(Backend):
         elif p["index_type"] == "ivf":
             index.nprobe = min(p["nprobe"], self.nlist)
         per_query = s * (self.layout.vector_dim + 2) * (8 + phi.element_size())
-        out_d, out_p = [], []
+        out_d, out_p, out_c = [], [], []
         for sl in query_blocks(phi.shape[0], per_query, p["memory_budget"]):
             y = self.layout.queries(phi[sl])
-            _, cand = index.search(y, s)
+            if p["index_type"] == "ivf":  # the lists probed are known, for the certificate
+                list_d, lists = index.quantizer.search(y, index.nprobe)
+                dist, cand = index.search_preassigned(y, s, lists, list_d)
+            else:
+                dist, cand = index.search(y, s)
             valid = cand >= 0
             vecs = np.zeros((cand.shape[0], s, self.layout.vector_dim), dtype=np.float32)
             if valid.any():
@@ -153,9 +162,45 @@ class FaissBackend(Backend):
             d, i = rerank(offsets[sl], phi[sl], psi, pos, k)
             out_d.append(d)
             out_p.append(i)
+            if certify:
+                out_c.append(self._certify(y, dist, cand, lists if p["index_type"] == "ivf" else None,
+                                           d[:, -1:], offsets[sl], i[:, -1] >= 0))
         d, i = torch.cat(out_d), torch.cat(out_p)
         warn_missing(i, "faiss", "Raise nprobe (ivf) or ef_search (hnsw).")
-        return d, i
+        return (d, i, np.concatenate(out_c)) if certify else (d, i)
+
+    def _certify(self, y: np.ndarray, dist: np.ndarray, cand: np.ndarray, lists: np.ndarray | None,
+                 kth: torch.Tensor, offsets: torch.Tensor, found: torch.Tensor) -> np.ndarray:
+        """Whether each query's re-ranked shortlist is the exact top-k."""
+        if self.params["index_type"] == "hnsw":
+            return np.zeros(len(y), dtype=bool)  # a graph search bounds nothing it did not visit
+        centroids, radii, key_norm = self._certificate_bounds()
+        bound = _certify.scanned_bound(dist, cand)
+        if lists is not None:
+            norm = None if self.layout.euclidean else self.layout.max_norm
+            bound = np.minimum(bound, _certify.unprobed_bound(y, centroids, radii, lists, norm))
+        kth_l2 = self.layout.l2_squared(kth, offsets, y)[:, 0]
+        scale = np.sqrt((y.astype(np.float64) ** 2).sum(1)) + key_norm
+        ok = _certify.certified(kth_l2, bound, _certify.rounding_slack(self.layout.vector_dim, scale))
+        return ok & found.cpu().numpy()
+
+    def _certificate_bounds(self) -> tuple:
+        """(IVF centroids, list radii, largest stored key norm), computed once per set of keys."""
+        if self._bounds is None:
+            if self.params["index_type"] == "ivf":
+                centroids = self.index.quantizer.reconstruct_n(0, self.index.nlist).astype(np.float64)
+                # the ψ part alone for the augmented layout (its queries have no pad coordinate)
+                radii = _certify.list_radii(self.index, self.layout.feature_dim)
+                key_norm = (float((np.linalg.norm(centroids, axis=1) + radii[0]).max(initial=0.0))
+                            if self.layout.euclidean else self.layout.max_norm)
+            else:
+                centroids, radii = np.zeros((0, self.layout.vector_dim)), (np.zeros(0), np.zeros(0))
+                key_norm = 0.0
+                for start in range(0, self.index.ntotal, 1 << 16):
+                    x = self.index.reconstruct_n(start, min(1 << 16, self.index.ntotal - start))
+                    key_norm = max(key_norm, float(np.linalg.norm(x.astype(np.float64), axis=1).max()))
+            self._bounds = (centroids, radii, key_norm)
+        return self._bounds
 
     def key_blocks(self, stored_ids: np.ndarray, rows: int = 1 << 16):
         for start in range(0, self.index.ntotal, rows):

@@ -236,7 +236,8 @@ class Index:
         self._dim = int(g.shape[1])
         return self
 
-    def search(self, Q: Any, k: int = 10, exclude: Any = None) -> tuple[Any, Any]:
+    def search(self, Q: Any, k: int = 10, exclude: Any = None, *, certify: bool = False,
+               fallback: bool = True) -> tuple[Any, ...]:
         """The k stored vectors closest to each query.
 
         Parameters
@@ -247,6 +248,14 @@ class Index:
             Neighbours per query, at most ``len(index)``.
         exclude : array-like (|Q|,) or (|Q|, e) of int, optional
             Ids that each query must not return (−1 for none), e.g. a query's own id.
+        certify : bool
+            Also prove, per query, that the result is the exact top-k: the keys left out of
+            the re-ranked shortlist are bounded away from the k-th result (faiss ``flat``
+            and ``ivf``; see :mod:`anchordiv.index._certify`). Exact indexes certify every
+            query, graph (HNSW) and milvus indexes none.
+        fallback : bool
+            With ``certify``: search the queries that are not certified again exactly (over
+            the stored features), so that every result is exact.
 
         Returns
         -------
@@ -257,6 +266,9 @@ class Index:
             Ids of the neighbours. An approximate index that finds fewer than k
             candidates for a query fills the rest with id −1 and distance inf (with a
             ``RuntimeWarning``).
+        certified : (|Q|,) bool numpy array, only with ``certify``
+            Whether the approximate result of each query was proven exact (False for the
+            queries ``fallback`` searched again exactly).
         """
         k = positive_int(k, "k")
         if len(self) == 0:
@@ -269,14 +281,18 @@ class Index:
         budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
         width = self._feature_width(q)
         rows = block_shape(1, q.shape[0], width, q.element_size(), 1, budget)[1]
-        parts = [self._search_block(q[s:s + rows], k, None if ex is None else ex[s:s + rows])
+        parts = [self._search_block(q[s:s + rows], k, None if ex is None else ex[s:s + rows], certify)
                  for s in range(0, q.shape[0], rows)]
-        dist, pos = torch.cat([d for d, _ in parts]), torch.cat([p for _, p in parts])
+        dist, pos = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        if certify:
+            certified = np.concatenate([p[2] for p in parts])
+            if fallback and not certified.all():
+                redo = torch.from_numpy(np.flatnonzero(~certified)).to(q.device)
+                dist[redo], pos[redo] = self._exact_positions(q[redo], k, None if ex is None else ex[redo])
         pos_np = pos.cpu().numpy()
         ids = np.where(pos_np >= 0, self._ids[np.clip(pos_np, 0, None)], -1).astype(np.int64)
-        if kind.is_numpy:
-            return kind.out(dist), ids
-        return kind.out(dist.to(q.device)), torch.from_numpy(ids).to(q.device)
+        out = (kind.out(dist), ids) if kind.is_numpy else (kind.out(dist.to(q.device)), torch.from_numpy(ids).to(q.device))
+        return out + (certified,) if certify else out
 
     def _feature_width(self, X: torch.Tensor) -> int:
         """Width of the feature maps, from one row's key features the first time it is needed."""
@@ -284,18 +300,29 @@ class Index:
             self._width = int(self._model._key_terms(X[:1], self._symmetric).shape[1])
         return self._width
 
-    def _search_block(self, q: torch.Tensor, k: int, ex: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _search_block(self, q: torch.Tensor, k: int, ex: torch.Tensor | None, certify: bool = False) -> tuple:
+        """(distances, positions) of one block of queries, and with ``certify`` the certificate."""
         offsets, phi = self._model._query_terms(q, self._symmetric)
+        extra = {"certify": True} if certify else {}
         if ex is None:
-            return self._backend.search(offsets, phi, k, len(self), self._positions_of)
+            return self._backend.search(offsets, phi, k, len(self), self._positions_of, **extra)
         if isinstance(self._backend, ExactBackend):
-            return self._backend.search(offsets, phi, k, len(self), self._positions_of, exclude=ex)
-        # an approximate index: fetch e more candidates, drop the excluded ones
-        extra = min(len(self), k + ex.shape[1])
-        dist, pos = self._backend.search(offsets, phi, extra, len(self), self._positions_of)
+            return self._backend.search(offsets, phi, k, len(self), self._positions_of, exclude=ex, **extra)
+        # an approximate index: fetch e more candidates, drop the excluded ones (an exact top-(k + e)
+        # stays exact once the excluded keys are dropped)
+        found = self._backend.search(offsets, phi, min(len(self), k + ex.shape[1]), len(self),
+                                     self._positions_of, **extra)
+        dist, pos = found[0], found[1]
         dropped = (pos[:, :, None] == ex[:, None, :]).any(-1) | (pos < 0)
         dist, pos = smallest_k(dist.masked_fill(dropped, torch.inf), pos.masked_fill(dropped, NO_INDEX), k)
-        return dist, pos.masked_fill(pos == NO_INDEX, -1)
+        return (dist, pos.masked_fill(pos == NO_INDEX, -1)) + tuple(found[2:])
+
+    def _exact_positions(self, q: torch.Tensor, k: int, ex: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact top-k (distances, positions) over the stored key features, by :func:`knn`."""
+        offsets, phi = self._model._query_terms(q, self._symmetric)
+        return knn(offsets, phi, self._backend.key_blocks(self._ids), k, n_keys=len(self), exclude=ex,
+                   memory_budget=int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET)),
+                   progress=False)
 
     def recall(self, Q: Any, k: int = 10) -> float:
         """Recall@k of this index on queries ``Q``: the share of the exact top-k (over the stored
@@ -304,10 +331,7 @@ class Index:
         k = positive_int(k, "k")
         _, got = self.search(Q, k=k)
         q, _ = self._vectors(Q, "Q")
-        offsets, phi = self._model._query_terms(q, self._symmetric)
-        _, pos = knn(offsets, phi, self._backend.key_blocks(self._ids), k, n_keys=len(self),
-                     memory_budget=int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET)))
-        exact = self._ids[pos.cpu().numpy()]
+        exact = self._ids[self._exact_positions(q, k, None)[1].cpu().numpy()]
         got = got.cpu().numpy() if isinstance(got, torch.Tensor) else got
         return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(got.tolist(), exact.tolist())]))
 

@@ -140,6 +140,15 @@ class VectorLayout:
             out = torch.cat([phi, torch.zeros_like(phi[:, :1])], dim=1)
         return np.ascontiguousarray(out.detach().to(torch.float32).cpu().numpy())
 
+    def l2_squared(self, distances: torch.Tensor, offsets: torch.Tensor, y: np.ndarray) -> np.ndarray:
+        """‖y − x‖² of query vectors ``y`` to the keys at exact ``distances`` o(q) − φᵀψ, (n, m):
+        the distance itself for ``euclidean``, ‖y‖² + M² − 2(o − d) for ``augmented``."""
+        d = distances.detach().to(torch.float64).cpu().numpy()
+        if self.euclidean:
+            return d
+        o = offsets.detach().to(torch.float64).cpu().numpy()[:, None]
+        return (y.astype(np.float64) ** 2).sum(1)[:, None] + self.max_norm ** 2 - 2 * (o - d)
+
     # ---------------------------------------------------------------- state
     def state(self) -> dict:
         """Plain-data description, the inverse of :meth:`from_state`."""

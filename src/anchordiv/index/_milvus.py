@@ -440,7 +440,9 @@ class MilvusBackend(Backend):
         return {"metric_type": self.metric, "params": extra}
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
-               positions_of: Callable[[np.ndarray], np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+               positions_of: Callable[[np.ndarray], np.ndarray], certify: bool = False) -> tuple:
+        """Top-k of the shortlist re-ranked exactly; ``certify`` certifies no query (the server
+        reports no bound on the keys it left out)."""
         if k > MAX_LIMIT:
             raise ValueError(f"k={k} exceeds the {MAX_LIMIT} results a Milvus search returns; use a smaller k.")
         self._check()
@@ -470,7 +472,7 @@ class MilvusBackend(Backend):
             out_p.append(i)
         d, i = torch.cat(out_d), torch.cat(out_p)
         warn_missing(i, "milvus", "Raise nprobe (IVF_FLAT) or ef_search (HNSW).")
-        return d, i
+        return (d, i, np.zeros(len(d), dtype=bool)) if certify else (d, i)
 
     # ---------------------------------------------------------------- state
     def count(self) -> int:

@@ -1,0 +1,80 @@
+"""Certificates that an approximate top-k is exact, for keys in an L2 layout (:mod:`._layout`).
+
+In both layouts the divergence is an increasing affine function of the squared L2 distance
+between the query vector y and the stored key vector x (``VectorLayout.l2_squared``), so a
+shortlist re-ranked exactly is the exact top-k as soon as every key left out is provably
+farther from y than the k-th result. Two bounds cover the keys left out:
+
+* keys an exhaustive scan saw but did not shortlist (a flat index, or the probed lists of an
+  IVF index): faiss kept the s nearest, so each of them is at least the s-th distance away;
+* keys in an IVF list j that was not probed, with centroid c_j and radius r_j: in the
+  ``euclidean`` layout r_j = max_{x ∈ j} ‖x − c_j‖ and the triangle inequality gives
+  ‖y − x‖ ≥ ‖y − c_j‖ − r_j (the ball bound of metric trees); in the ``augmented`` layout,
+  where y = [φ, 0] and every ‖x‖ = M, r_j is the radius of the ψ part alone and
+  Cauchy–Schwarz gives yᵀx ≤ yᵀc_j + ‖y‖ r_j, so ‖y − x‖² ≥ ‖y‖² + M² − 2(yᵀc_j + ‖y‖ r_j)
+  (the ball bound for inner products, Ram & Gray 2012), which does not lose the factor
+  M/‖φ‖ that the metric bound would on vectors padded to norm M.
+
+A query is certified when the smaller bound exceeds the k-th result's squared distance by
+more than the float32 rounding of the distances compared (:func:`rounding_slack`). A graph
+index (HNSW) gives no such bound, so its queries are never certified.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Unit roundoff of float32.
+FLOAT32_EPS = 2.0 ** -24
+
+
+def rounding_slack(dim: int, scale: np.ndarray) -> np.ndarray:
+    """Bound on the float32 rounding of a squared distance or inner product of ``dim`` terms
+    between vectors of norms summing to ``scale``: 4(dim + 2)·u·scale², with the unit roundoff u
+    (Higham's γ_n bound, doubled for the two computations compared)."""
+    return 4.0 * (dim + 2) * FLOAT32_EPS * np.square(scale)
+
+
+def list_radii(index, dims: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """r_j = max ‖x − c_j‖ over the vectors stored in each list of a faiss ``IndexIVFFlat``
+    (0 for an empty list), over all coordinates and over the first ``dims`` only, in float64,
+    rounded up by a relative 1e-6."""
+    from faiss.contrib.inspect_tools import get_invlist
+
+    centroids = index.quantizer.reconstruct_n(0, index.nlist).astype(np.float64)
+    radii, part = np.zeros(index.nlist), np.zeros(index.nlist)
+    for j in range(index.nlist):
+        _, codes = get_invlist(index.invlists, j)
+        if len(codes):
+            diff2 = (codes.view(np.float32).reshape(len(codes), index.d).astype(np.float64) - centroids[j]) ** 2
+            radii[j], part[j] = np.sqrt(diff2.sum(1).max()), np.sqrt(diff2[:, :dims].sum(1).max())
+    return radii * (1 + 1e-6), part * (1 + 1e-6)
+
+
+def unprobed_bound(y: np.ndarray, centroids: np.ndarray, radii: tuple[np.ndarray, np.ndarray],
+                   probed: np.ndarray, norm: float | None = None) -> np.ndarray:
+    """min over the lists not in ``probed`` (n, nprobe) of the lower bound on ‖y − x‖² of
+    their keys, per query (+inf when every list was probed): max(0, ‖y − c_j‖ − r_j)², and
+    with the keys' common ``norm`` M (augmented layout) the larger of that and
+    ‖y‖² + M² − 2(yᵀc_j + ‖y‖ r'_j), r'_j the radius of the ψ part (``radii`` = (r, r'))."""
+    y = y.astype(np.float64)
+    y2, yc = (y * y).sum(1)[:, None], y @ centroids.T
+    dist = np.sqrt(np.clip(y2 - 2 * yc + (centroids * centroids).sum(1)[None, :], 0, None))
+    gap = np.clip(dist - radii[0][None, :], 0, None) ** 2
+    if norm is not None:
+        gap = np.maximum(gap, y2 + norm ** 2 - 2 * (yc + np.sqrt(y2) * radii[1][None, :]))
+    rows = np.arange(len(y))[:, None]
+    gap[rows, probed[:, :]] = np.inf
+    return gap.min(1) if gap.shape[1] else np.full(len(y), np.inf)
+
+
+def scanned_bound(shortlist_distances: np.ndarray, shortlist_ids: np.ndarray) -> np.ndarray:
+    """Lower bound on the squared distance of the scanned keys not shortlisted: the last
+    (s-th) shortlist distance when the shortlist is full, else +inf (nothing was left out)."""
+    full = shortlist_ids[:, -1] >= 0
+    return np.where(full, shortlist_distances[:, -1].astype(np.float64), np.inf)
+
+
+def certified(kth_l2: np.ndarray, unseen_bound: np.ndarray, slack: np.ndarray) -> np.ndarray:
+    """Queries whose k-th squared distance is below every left-out key's bound by more than ``slack``."""
+    return unseen_bound > kth_l2 + slack

@@ -1,0 +1,119 @@
+"""Certificates of exactness for approximate indexes: never a false "certified"."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import anchordiv as ad
+from anchordiv.index import _certify
+
+faiss = pytest.importorskip("faiss")
+
+
+def _clustered(rng, centres, n, spread):
+    x = centres[rng.integers(len(centres), size=n)] + rng.normal(size=(n, centres.shape[1])) * spread
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(64, 8))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    return (_clustered(rng, centres, 256, 0.1), _clustered(rng, centres, 6000, 0.02),
+            _clustered(rng, centres, 200, 0.02))
+
+
+MODELS = {
+    "cosine": lambda A: ad.Cosine(),
+    "gaussian": lambda A: ad.Gaussian(tau=0.1).fit(ad.AnchorSet(A)),
+    "softmax": lambda A: ad.Softmax(tau=0.1).fit(ad.AnchorSet(A)),
+}
+INDEXES = [("flat", {}), ("ivf", {"nlist": 64, "nprobe": 1}), ("ivf", {"nlist": 64, "nprobe": 4}),
+           ("hnsw", {"M": 8, "ef_search": 16})]
+
+
+def _exact_up_to_rounding(model, Q, G, ids, atol=1e-5):
+    """Rows whose k results are a top-k of the float64 divergences (ties within ``atol``)."""
+    if not len(Q):
+        return np.zeros(0, dtype=bool)
+    d64 = np.asarray(model.pairwise(Q.astype(np.float64), G.astype(np.float64)))
+    kth = np.sort(d64, axis=1)[:, ids.shape[1] - 1]
+    got = np.take_along_axis(d64, ids, axis=1)
+    return (got.max(1) <= kth + atol) & np.array([len(set(r)) == len(r) for r in ids.tolist()])
+
+
+@pytest.mark.parametrize("index_type,params", INDEXES, ids=["flat", "ivf1", "ivf4", "hnsw"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_certified_queries_are_exact_and_fallback_makes_all_exact(data, name, index_type, params):
+    A, G, Q = data
+    model = MODELS[name](A)
+    exact = ad.Index(model)
+    exact.add(G)
+    d_exact, i_exact = exact.search(Q, 10)
+    index = ad.Index(model, "faiss", index_type=index_type, shortlist=16, **params)
+    index.add(G)
+    d, i, certified = index.search(Q, 10, certify=True, fallback=False)
+    assert certified.dtype == bool and certified.shape == (len(Q),)
+    assert _exact_up_to_rounding(model, Q[certified], G, i[certified]).all()  # never a false "certified"
+    if index_type == "hnsw":
+        assert not certified.any()
+    if index_type == "flat" or (name != "softmax" and params.get("nprobe") == 4):
+        assert certified.mean() > 0.5  # the bounds are tight enough to be of use here
+    d2, i2, certified2 = index.search(Q, 10, certify=True)
+    assert np.array_equal(certified2, certified)
+    assert _exact_up_to_rounding(model, Q, G, i2).all()
+    assert np.array_equal(i2[~certified], i_exact[~certified])  # searched again exactly
+    np.testing.assert_allclose(d2, d_exact, rtol=1e-5, atol=1e-5)
+
+
+def test_certify_with_exclusions_and_on_the_exact_backend(data):
+    A, G, Q = data
+    model = MODELS["gaussian"](A)
+    exact = ad.Index(model)
+    exact.add(G)
+    own = np.arange(len(Q))
+    _, i_exact = exact.search(Q, 5, exclude=own)
+    _, i, certified = exact.search(Q, 5, exclude=own, certify=True)
+    assert certified.all() and np.array_equal(i, i_exact)
+    index = ad.Index(model, "faiss", index_type="ivf", nlist=64, nprobe=1)
+    index.add(G)
+    _, i, certified = index.search(Q, 5, exclude=own, certify=True)
+    assert np.array_equal(i, i_exact) and not (i == own[:, None]).any()
+
+
+def test_unprobed_bound_is_below_every_true_distance():
+    """The list bounds against a float64 brute force over the keys of the lists not probed."""
+    rng = np.random.default_rng(1)
+    for augmented in (False, True):
+        x = rng.normal(size=(3000, 6))
+        if augmented:  # keys padded to one norm M, queries with a zero pad coordinate
+            M = np.linalg.norm(x, axis=1).max() * 1.1
+            x = np.hstack([x, np.sqrt(M ** 2 - (x ** 2).sum(1))[:, None]])
+        x = x.astype(np.float32)
+        index = faiss.IndexIVFFlat(faiss.IndexFlatL2(x.shape[1]), x.shape[1], 16)
+        index.train(x)
+        index.add(x)
+        y = rng.normal(size=(50, x.shape[1])) * 2
+        if augmented:
+            y[:, -1] = 0
+        centroids = index.quantizer.reconstruct_n(0, 16).astype(np.float64)
+        radii = _certify.list_radii(index, 6)
+        _, probed = index.quantizer.search(y.astype(np.float32), 3)
+        bound = _certify.unprobed_bound(y, centroids, radii, probed, M if augmented else None)
+        _, assign = index.quantizer.search(x, 1)
+        true = ((y[:, None, :] - x[None].astype(np.float64)) ** 2).sum(-1)
+        unprobed = ~(assign[:, 0][None, :] == probed[:, :, None]).any(1)
+        assert np.all(bound <= np.where(unprobed, true, np.inf).min(1) + 1e-9)
+        assert np.isfinite(bound).all() and (bound > 0).any()
+
+
+def test_scanned_bound_and_slack():
+    dist = np.array([[1.0, 2.0, 3.0], [1.0, 2.0, 0.0]])
+    ids = np.array([[4, 5, 6], [4, 5, -1]])
+    assert np.array_equal(_certify.scanned_bound(dist, ids), [3.0, np.inf])
+    slack = _certify.rounding_slack(10, np.array([1.0, 2.0]))
+    np.testing.assert_allclose(slack, 4 * 12 * 2.0 ** -24 * np.array([1.0, 4.0]))
+    assert np.array_equal(_certify.certified(np.array([1.0, 1.0]), np.array([1.0 + 1e-3, 1.0]), slack), [True, False])
