@@ -176,11 +176,17 @@ def test_components_and_table_write_their_files(world, tmp_path):
     assert res.effects.loc[res.effects["baseline"] == "cosine", "diff"].mean() > 0
     # a value's row is over the queries that have that value
     assert (res.effects.loc[res.effects["label"] == "A", "n_queries"] == 18).all()
-    _check_tidy(res, ["label", "factor", "model", "draw"])
+    obs = res.observations
+    assert list(obs.columns) == ["tau", "label", "factor", "model", "draw", "query", "ap"]
+    assert not obs.duplicated(["tau", "label", "factor", "model", "draw", "query"]).any()
+    # table.csv holds one mean per value and draw; their means are the summary
+    means = res.rows.groupby(["tau", "label", "value", "model"], sort=False)["auprc"].mean()
+    summ = res.summary.set_index(["tau", "label", "value", "model"])["auprc"]
+    np.testing.assert_allclose(means.loc[summ.index].to_numpy(), summ.to_numpy(), atol=1e-12)
     _check_files(res, tmp_path / "t", {
-        "rows": ["label", "factor", "model", "draw", "auprc"],
-        "summary": ["label", "value", "model", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
-        "effects": ["label", "factor", "value", "model", "baseline", "diff", "ci_low", "ci_high", "class",
+        "rows": ["tau", "label", "factor", "value", "model", "draw", "auprc"],
+        "summary": ["tau", "label", "value", "model", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
+        "effects": ["tau", "label", "factor", "value", "model", "baseline", "diff", "ci_low", "ci_high", "class",
                     "n_queries"]})
 
 

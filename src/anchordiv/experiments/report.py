@@ -496,7 +496,9 @@ def write_outputs(result: ProtocolResult, report: Report, out_dir: str | os.Path
              "summary_csv": write_csv(out / f"{name}_summary.csv", result.summary),
              "effects_csv": write_csv(out / f"{name}_effects.csv", result.effects)}
     paths["md"] = out / f"{name}.md"
-    paths["md"].write_text(report.markdown(data_line), encoding="utf-8")
+    metric = result.config.get("metric", "auprc")
+    md = report.markdown(data_line)
+    paths["md"].write_text(md if metric == "auprc" else md.replace("AUPRC", metric), encoding="utf-8")
     if report.plot is not None:
         import matplotlib
 
