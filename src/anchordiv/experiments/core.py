@@ -320,7 +320,8 @@ class EvalData(EmbeddingRows):
         mode = "queries = keys, self excluded" if self.queries_are_keys else "query/key split"
         return (f"{self.name}: {len(self)} items, d = {self.dim}, {self.queries.size} queries, "
                 f"{self.keys.size} keys ({mode}); factors: "
-                + ", ".join([f"{f} ({np.unique(v).size} values)" for f, v in self.labels.items()]
+                + ", ".join([f"{f} ({np.unique(v).size} values)" for f, v in self.labels.items()
+                             if f.partition("=")[0] not in self.multilabels]
                             + [f"{f} ({len(self.label_names(f))} labels, multi-label)" for f in self.multilabels]))
 
 

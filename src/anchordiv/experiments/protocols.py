@@ -717,6 +717,10 @@ def table_setting(data: EvalData, factor: str, per_value: bool | Sequence[Any] |
     values = data.labels[factor]
     if per_value is None:
         pos = positive_value(values)
+        base, _, _ = factor.partition("=")
+        if pos is not None and base in data.multilabels:
+            return [pos], (f"per-label on multi-label {base}: queries = the items carrying the label, relevant = "
+                           "the other items carrying it")
         if pos is not None:
             return [pos], (f"per-label: queries = the items with {factor} = {pos}, relevant = the other items "
                            f"with it")
