@@ -94,12 +94,13 @@ def _result(name: str, obs: pd.DataFrame, rows: pd.DataFrame, summary: list, by:
             effect_columns: Sequence[str], config: dict, seconds: float, report: Report, out_dir: Any,
             data: EvalData) -> ProtocolResult:
     """The frames of a protocol run, written to ``out_dir``; the value column is named after the metric."""
-    summary = tidy(summary, [*by, *STATS])
+    res = ProtocolResult(name, obs, rows, tidy(summary, [*by, *STATS]), tidy(effects, effect_columns), config,
+                         seconds=seconds)
+    res = write_outputs(res, report, out_dir, data.describe())
     metric = config.get("metric", "auprc")
     if metric != "auprc":
-        rows, summary = rows.rename(columns={"auprc": metric}), summary.rename(columns={"auprc": metric})
-    res = ProtocolResult(name, obs, rows, summary, tidy(effects, effect_columns), config, seconds=seconds)
-    return write_outputs(res, report, out_dir, data.describe())
+        res.rows, res.summary = (f.rename(columns={"auprc": metric}) for f in (res.rows, res.summary))
+    return res
 
 
 def _budgets(budgets: Sequence[int] | None, n: int, what: str) -> list[int]:
