@@ -178,3 +178,9 @@ def test_search_diagnose_and_compare(ws):
         "--query-row", 0, "-k", 3, "--label", "findings", "--out", out, "--no-png")
     html = (out / "index.html").read_text()
     assert ws["rows"][0][0] in html  # the query's id
+    # --label gives each row its primary factor: the legend's green border marks the neighbours sharing it
+    assert 'class="rowlabel primary"' in html and 'data-factor="findings"' in html
+    shares = [ws["rows"][int(r)][2] == ws["rows"][0][2] for r in np.argsort(D0, kind="stable")[:3]]
+    assert html.count('class="card nbr hit"') >= sum(shares)
+    # the softmax row names the query's top anchors
+    assert f"top anchors: {texts[order[0]]} {P[0, order[0]]:.2f}" in html

@@ -869,8 +869,8 @@ def _search_index(index_path: str, coll: Any, query_ids, query_texts, query_imag
 @click.option("-k", "k", type=click.IntRange(min=1), default=8, show_default=True, help="Neighbours per query.")
 @click.option("--encoder", default=None, metavar="SPEC", help=_ENCODER_HELP)
 @click.option("--label", "label_columns", multiple=True, metavar="COLUMN",
-              help="Metadata column whose shared values mark a neighbour as relevant (repeatable; "
-                   "default: 'label' when the collection has it).")
+              help="Metadata column whose shared values mark a neighbour as relevant (repeatable; the first "
+                   "gives the green border; default: 'label' when the collection has it).")
 @click.option("--include-self", is_flag=True, help="Keep a --query-id row in its own results.")
 @click.option("--asymmetric", is_flag=True, help="Rank by d(q‖g) instead of the symmetrized divergence.")
 @click.option("--title", default="Neighbours under each geometry", show_default=True, help="Report title.")
@@ -929,6 +929,8 @@ def compare(collection, query_ids, query_texts, query_images, anchor_specs, mode
         label_cols = list(label_columns)
     else:
         label_cols = ["label"] if meta is not None and "label" in meta.columns else []
+    for g in geometries.values():  # the first --label is each row's primary factor (green borders)
+        g.factor = label_cols[0] if label_cols else None
     item_col = _item_column(coll)
     items = meta[item_col].astype(str).tolist() if item_col is not None else None
     query_items = [(items[r] if items is not None else None) if r is not None else lab
