@@ -89,6 +89,15 @@ def ws(tmp_path_factory):
             "set_objs": emb.sets, "labels": labels}
 
 
+def test_embed_keeps_the_column_name(ws):
+    c = ad.io.load_collection(ws["coll"])
+    assert c.columns == ["report", "id", "findings"] and c.item_column == "report"
+    assert c.metadata["report"].tolist() == [r[1] for r in ws["rows"]]
+    # rerunning the same command resumes (nothing to do) with the same column
+    assert "Nothing to do" in run("embed", ws["root"] / "reports.csv", "--column", "report", "--out", ws["coll"],
+                                  "--device", "cpu", "--no-progress")
+
+
 def test_eval_table_multilabel_tau_sweep_matches_direct_computation(ws):
     out = ws["root"] / "table"
     text = run("eval", "table", ws["coll"], "--factor", "findings", "--multilabel",
@@ -158,6 +167,7 @@ def test_search_diagnose_and_compare(ws):
     assert [h["row"] for h in q["results"]] == np.argsort(D0, kind="stable")[:4].tolist()
     np.testing.assert_allclose([h["distance"] for h in q["results"]], np.sort(D0)[:4], rtol=1e-4, atol=1e-5)
     assert q["results"][0]["id"] == ws["rows"][q["results"][0]["row"]][0]
+    assert q["results"][0]["report"] == ws["rows"][q["results"][0]["row"]][1] and "caption" not in q["results"][0]
     texts = ws["set_objs"]["pleural effusion"].texts
     order = np.argsort(-P[0])[:3]
     assert [a["anchor"] for a in q["top_anchors"]] == [texts[i] for i in order]

@@ -318,6 +318,8 @@ def _item_column(collection: Any) -> str | None:
     meta = getattr(collection, "metadata", None)
     if meta is None:
         return None
+    if getattr(collection, "item_column", None):
+        return collection.item_column
     for col in ("caption", "image_path", "text"):
         if col in meta.columns:
             return col
@@ -656,11 +658,12 @@ def embed(source: str, out_dir: str, model: str, column: str | None, shard_size:
             raise click.UsageError("--column applies to CSV/TSV/parquet files, not to an image folder")
         items, kind = list_images(src), "image"
     else:
-        items, kind = read_texts(src, column=column), "text"
+        items, kind = read_texts(src, column=column, keep_name=True), "text"
     encoder = LazyEncoder(model, device, batch_size)
     show = sys.stderr.isatty() if progress is None else progress
     res = embed_collection(items, encoder, out_dir, kind=kind, shard_size=shard_size, dtype=dtype,
-                           progress=show, batch_size=batch_size)
+                           progress=show, batch_size=batch_size,
+                           item_column=str(items.columns[0]) if kind == "text" else None)
     noun = "images" if kind == "image" else "texts"
     if res.shards_written == 0 and res.complete:
         click.echo(f"Nothing to do: {res.out_dir} already holds {res.n_embedded} embedded {noun}; "

@@ -357,6 +357,8 @@ def _column_items(collection: Any, kind: str) -> list[Any] | None:
     meta = getattr(collection, "metadata", None)
     if meta is None:
         return None
+    if getattr(collection, "item_column", None):
+        return meta[collection.item_column].tolist()
     for col in ITEM_COLUMNS[kind]:
         if col in meta.columns:
             return meta[col].tolist()

@@ -239,7 +239,7 @@ class EvalData(EmbeddingRows):
         meta = getattr(collection, "metadata", None)
         if meta is None:
             raise ValueError("the collection has no metadata, so no labels; add label columns to it.")
-        skip = {"caption", "text", "image_path", "id", split_column}
+        skip = {"caption", "text", "image_path", "id", split_column, getattr(collection, "item_column", None)}
         cols = list(factors) if factors else [c for c in meta.columns if c not in skip]
         missing = [c for c in cols if c not in meta.columns]
         if missing:
