@@ -194,3 +194,18 @@ def test_search_diagnose_and_compare(ws):
     assert html.count('class="card nbr hit"') >= sum(shares)
     # the softmax row names the query's top anchors
     assert f"top anchors: {texts[order[0]]} {P[0, order[0]]:.2f}" in html
+
+
+def test_readme_walkthrough_runs(ws, monkeypatch):
+    """The Python block of the README's "Your own data" section, on this collection."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Your own data")[1]
+    code = section.split("The same in Python:")[1].split("```python")[1].split("```")[0]
+    monkeypatch.chdir(ws["root"])
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    res, why = scope["res"], scope["why"]
+    assert set(res.summary["tau"]) == {0.02, 0.05} and set(res.summary["label"]) == {"pleural effusion", "big heart"}
+    assert why.entropy.shape == (len(ws["rows"]),)

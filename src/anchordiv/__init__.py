@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 # Imported on first access (``ad.encoders.load(...)``), so that ``import anchordiv`` stays light.
-_LAZY_SUBMODULES = ("encoders", "integrations")
+_LAZY_SUBMODULES = ("encoders", "integrations", "anchorsfile", "report", "experiments")
 
 
 def __getattr__(name: str):
