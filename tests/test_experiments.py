@@ -301,9 +301,21 @@ def test_eval_command(cli_files, tmp_path):
     r = runner.invoke(eval_command(), ["budget", str(coll), "--anchors", str(a_npy), "--factor", "a",
                                        "--metric", "ndcg@0", "--out", str(out)])
     assert r.exit_code == 2 and "unknown metric 'ndcg@0'" in r.output
-    r = runner.invoke(eval_command(), ["budget", str(coll), "--anchors", str(a_npy), "--factor", "a",
-                                       "--tau", "0.1,0.2", "--out", str(out)])
-    assert r.exit_code == 2 and "swept by 'eval table'" in r.output
+    # a τ list: one run per τ, one summary with a tau column, each equal to its own run
+    sweep = ["budget", str(coll), "--anchors", str(a_npy), "--factor", "a", "--budgets", "12", "--draws", "1",
+             "--model", "softmax", "--n-boot", "20", "--no-progress"]
+    r = runner.invoke(eval_command(), [*sweep, "--tau", "0.05,0.2", "--out", str(out / "sweep")])
+    assert r.exit_code == 0, r.output
+    assert "τ = 0.05: " in r.output and "τ = 0.2: " in r.output
+    header, rows = _read(out / "sweep" / "budget_summary.csv")
+    assert header[0] == "tau" and {row[0] for row in rows} == {"0.050000", "0.200000"}
+    for t in ("0.05", "0.2"):
+        r = runner.invoke(eval_command(), [*sweep, "--tau", t, "--out", str(out / t)])
+        assert r.exit_code == 0, r.output
+        _, single = _read(out / t / "budget_summary.csv")
+        assert [row[1:] for row in rows if float(row[0]) == float(t)] == single
+        assert (out / "sweep" / f"tau={t}" / "budget.png").is_file()
+    assert "# τ = 0.2" in (out / "sweep" / "budget.md").read_text()
     r = runner.invoke(eval_command(), ["budget", str(coll), "--anchors", str(a_npy), "--factor", "a", "--tau", "0.1",
                                        "--budgets", "12", "--draws", "1", "--model", "softmax", "--metric", "mrr",
                                        "--n-boot", "20", "--out", str(out / "mrr"), "--no-progress"])
@@ -441,3 +453,24 @@ def test_multilabel_table_in_python_matches_brute_force():
         ex.table(data, {"heart": (sets["heart"], "findings")}, progress=False)
     with pytest.raises(ValueError, match="multilabel names \\['nope'\\]"):
         EvalData.create(X, {"findings": cells}, multilabel=["nope"])
+
+
+def test_multilabel_parquet_lists_and_custom_separator(tmp_path):
+    import pandas as pd
+
+    from anchordiv.io import load_collection
+
+    rng = np.random.default_rng(2)
+    X = _unit(rng.normal(size=(6, D))).astype(np.float32)
+    lists = [["a", "b"], ["b"], [], ["a"], ["a", "c"], ["c"]]
+    pd.DataFrame({"embedding": list(X), "tags": lists, "flat": [";".join(x) for x in lists]}).to_parquet(
+        tmp_path / "c.parquet")
+    coll = load_collection(tmp_path / "c.parquet")
+    data = EvalData.from_collection(coll, factors=["tags"], multilabel=["tags"])
+    semi = EvalData.from_collection(coll, factors=["flat"], multilabel=["flat"], sep=";")
+    assert data.label_names("tags") == semi.label_names("flat") == ["a", "b", "c"]
+    flagged, name = data.flag_factor("tags", "a")
+    assert name == "tags=a" and flagged.labels[name].tolist() == [True, False, False, True, True, False]
+    assert "tags (3 labels, multi-label)" in data.describe()
+    with pytest.raises(ValueError, match="sep must be a non-empty string"):
+        EvalData.from_collection(coll, factors=["flat"], multilabel=["flat"], sep="")

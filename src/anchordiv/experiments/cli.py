@@ -14,6 +14,7 @@ parameter, given to every model of the run whose constructor takes ``KEY``
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import warnings
@@ -193,18 +194,16 @@ class _Inputs:
                 raise click.UsageError("give --components only (--gmm-components is its deprecated alias)")
             components = o["gmm_components"]
         given = o["tau"] or [None]
-        if len(given) > 1 and protocol is not P.table:
-            raise click.UsageError("a list of temperatures is swept by 'eval table'; give one --tau here")
         try:
             taus = [default_tau(fitted, t, self.data.tau, lambda: self.encoder().tau if self.encoder_spec else None)
                     for t in given]
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
-        tau = taus if len(taus) > 1 else taus[0]
         kwargs["model_params"] = _model_params(fitted, components, o["rank"], o["params"]) or None
-        _echo(protocol(self.data, *args, tau=tau, seed=o["seed"], n_boot=o["n_boot"], out_dir=o["out_dir"],
-                       progress=o["progress"], metric=o["metric"],
-                       **{k: v for k, v in kwargs.items() if v is not None}))
+        run = protocol if len(taus) == 1 else functools.partial(P.sweep_tau, protocol)
+        _echo(run(self.data, *args, tau=taus[0] if len(taus) == 1 else taus, seed=o["seed"], n_boot=o["n_boot"],
+                  out_dir=o["out_dir"], progress=o["progress"], metric=o["metric"],
+                  **{k: v for k, v in kwargs.items() if v is not None}))
 
 
 def _threads(threads: int | None) -> None:
@@ -280,8 +279,8 @@ def _common(sweep_components: bool = False) -> Callable:
                      help="Further model parameter for every model of the run that takes KEY, or "
                           "MODEL.KEY=VALUE for one model, e.g. reg_covar=1e-4 (repeatable)."),
         click.option("--tau", type=_List(float), callback=_positive,
-                     help="Temperature (default: the collection's, else the encoder's); eval table sweeps a "
-                          "list τ,τ,..."),
+                     help="Temperature (default: the collection's, else the encoder's); a list τ,τ,... sweeps "
+                          "it in one run (column tau)."),
         click.option("--metric", callback=_metric, metavar="NAME", default="auprc", show_default=True,
                      help="Per-query score: auprc, r_precision, map@r, mrr, recall@K, precision@K, ndcg@K, "
                           "ndcg_exp@K, mrr@K (anchordiv.metrics.get_metric)."),

@@ -24,6 +24,7 @@ With ``out_dir`` it writes ``<protocol>.csv``, ``_summary.csv``, ``_effects.csv`
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
@@ -80,8 +81,8 @@ from .report import (
     write_outputs,
 )
 
-__all__ = ["coordinate", "budget", "adaptation", "components", "table", "table_setting", "runtime", "PROTOCOLS",
-           "run_protocol"]
+__all__ = ["coordinate", "budget", "adaptation", "components", "table", "table_setting", "runtime", "sweep_tau",
+           "PROTOCOLS", "run_protocol"]
 
 #: Columns of every summary after the condition columns.
 STATS = ["auprc", "ci_low", "ci_high", "n_draws", "n_queries"]
@@ -1018,6 +1019,48 @@ def runtime(*, models: Sequence[str] = RUNTIME_MODELS, n_anchors: Sequence[int] 
                          tidy(effects, ["model", "n_small", "n_large", "seconds_small", "seconds_large", "growth",
                                         "fit_growth", "search_growth"]), config, seconds=seconds)
     return write_outputs(res, report, out_dir)
+
+
+# ============================================================================ τ sweeps
+def sweep_tau(protocol: Any, *args: Any, tau: Sequence[float], out_dir: Any = None, **kwargs: Any) -> ProtocolResult:
+    """Run ``protocol`` once per temperature of ``tau``: one result whose frames have a leading
+    ``tau`` column (:func:`table` sweeps τ itself, in one Markdown table).
+
+    With ``out_dir`` each run writes its own files to ``out_dir/tau=<τ>/``, and ``out_dir``
+    gets ``<protocol>.csv``, ``_summary.csv`` and ``_effects.csv`` over all of them, and a
+    ``<protocol>.md`` with each run's Markdown under its τ.
+    """
+    import pandas as pd
+
+    from .report import write_csv
+
+    taus = [float(t) for t in tau]
+    if not taus:
+        raise ValueError("tau is an empty list; give one temperature or several, e.g. [0.01, 0.05].")
+    if getattr(protocol, "__wrapped__", protocol) is getattr(table, "__wrapped__", table):
+        return table(*args, tau=taus, out_dir=out_dir, **kwargs)
+    out = None if out_dir is None else Path(out_dir)
+    runs = [protocol(*args, tau=t, out_dir=None if out is None else out / f"tau={t:g}", **kwargs) for t in taus]
+
+    def stack(attr: str) -> pd.DataFrame:
+        return pd.concat([getattr(r, attr).assign(tau=t)[["tau", *getattr(r, attr).columns]]
+                          for t, r in zip(taus, runs)], ignore_index=True)
+
+    first = runs[0]
+    config = {"protocol": first.protocol, "tau": taus, "metric": first.config.get("metric", "auprc"),
+              "runs": [r.config for r in runs],
+              "verdicts": [f"τ = {t:g}: {v}" for t, r in zip(taus, runs) for v in r.config.get("verdicts", [])]}
+    res = ProtocolResult(first.protocol, stack("observations"), stack("rows"), stack("summary"), stack("effects"),
+                         config, seconds=sum(r.seconds for r in runs))
+    if out is not None:
+        name = res.protocol
+        res.paths = {"csv": write_csv(out / f"{name}.csv", res.rows),
+                     "summary_csv": write_csv(out / f"{name}_summary.csv", res.summary),
+                     "effects_csv": write_csv(out / f"{name}_effects.csv", res.effects),
+                     "md": out / f"{name}.md"}
+        res.paths["md"].write_text("\n".join(f"# τ = {t:g}\n\n" + r.paths["md"].read_text(encoding="utf-8")
+                                             .replace("\n#", "\n##") for t, r in zip(taus, runs)), encoding="utf-8")
+    return res
 
 
 # ============================================================================= registry
