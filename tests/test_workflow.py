@@ -209,3 +209,21 @@ def test_readme_walkthrough_runs(ws, monkeypatch):
     res, why = scope["res"], scope["why"]
     assert set(res.summary["tau"]) == {0.02, 0.05} and set(res.summary["label"]) == {"pleural effusion", "big heart"}
     assert why.entropy.shape == (len(ws["rows"]),)
+
+
+def test_several_anchor_files_for_one_label(ws):
+    """Two anchor files with a set for the same finding: one row each, named SET · FILE."""
+    other = ws["root"] / "terse.yaml"
+    other.write_text('"pleural effusion": [effusion]\n')
+    out = ws["root"] / "two"
+    text = run("eval", "table", ws["coll"], "--factor", "findings", "--multilabel",
+               "--anchors", f"{ws['anchors']}:pleural effusion", "--anchors", other, "--model", "softmax",
+               "--baseline", "cosine", "--tau", "0.05", "--n-boot", "20", "--out", out, "--no-progress")
+    assert "setting: per-label" in text
+    with open(out / "table_summary.csv", newline="") as fh:
+        summary = [r for r in csv.DictReader(fh) if r["model"] == "softmax"]
+    assert sorted(r["label"] for r in summary) == ["pleural effusion · findings", "pleural effusion · terse"]
+    X, has = ws["X"], ws["labels"]["Pleural Effusion"]
+    emb = embed_anchors(other, "minilm").sets["pleural effusion"].embeddings.numpy().astype(np.float64)
+    got = next(float(r["auprc"]) for r in summary if r["label"].endswith("terse"))
+    assert got == pytest.approx(_per_label_auprc(_softmax_dsym(X, emb, 0.05)[0], has), abs=2e-6)

@@ -144,7 +144,7 @@ class _Inputs:
             if spec.endswith(".npy") and os.path.isfile(spec):
                 import numpy as np
 
-                out.append((Path(spec).stem, AnchorSet(np.load(spec)), factor))
+                out.append((Path(spec).stem, AnchorSet(np.load(spec)), f"{factor}={Path(spec).stem}", spec))
                 continue
             labels: dict[str, str] = {}
             try:
@@ -161,12 +161,10 @@ class _Inputs:
                 names = [n for n in names if n not in unmatched]
             for name in names:
                 out.append((name, emb.anchor_set([(name, None)], arg="--anchors"),
-                            f"{factor}={labels[name]}" if name in labels else factor))
-        names = [n for n, _, _ in out]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise click.UsageError(f"anchor set(s) {dup} come from several --anchors; give each set once.")
-        return out
+                            f"{factor}={labels.get(name, name)}", path.stem))
+        names = [n for n, *_ in out]
+        # a set name given by several files: one row per file, named "SET · FILE"
+        return [(f"{n} · {stem}" if names.count(n) > 1 else n, A, f) for n, A, f, stem in out]
 
     def sets(self, low: int, high: int | None) -> list[tuple[str, Any, str]]:
         """``[(name, AnchorSet, factor)]`` of ``--anchors`` and ``--factor``, which pair up in order."""
@@ -441,7 +439,8 @@ def table(models, baselines, multilabel, per_value, values, all_queries, n_draws
     entries = inp.label_entries() if multilabel else inp.sets(1, None)
     if multilabel:
         labels = inp.data.label_names(o["factors"][0])
-        missing = sorted(set(labels) - {inp.data.resolve_factor(f, n)[1].partition("=")[2] for n, _, f in entries})
+        missing = sorted(set(labels) - {inp.data.resolve_factor(f, n, "--anchors")[1].partition("=")[2]
+                                        for n, _, f in entries})
         if missing:
             click.echo(f"labels without an anchor set (not in the table): {', '.join(missing)}")
     inp.run(P.table, entries, models=models, baselines=baselines, per_value=setting, n_draws=n_draws,

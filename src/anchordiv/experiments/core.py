@@ -427,8 +427,13 @@ def _entry_items(entries: Any, what: str) -> list[tuple]:
 
 def check_entries(entries: Any, data: EvalData, what: str) -> list[tuple[str, AnchorSet, str]]:
     """``[(name, AnchorSet, factor)]`` from a mapping name → (anchors, factor) or a list of triples."""
-    return [(str(name), check_anchor_set(anchors, data, f"{what}[{name!r}]"), data.check_factor(factor))
-            for name, anchors, factor in _entry_items(entries, what)]
+    out = [(str(name), check_anchor_set(anchors, data, f"{what}[{name!r}]"), data.check_factor(factor))
+           for name, anchors, factor in _entry_items(entries, what)]
+    names = [n for n, _, _ in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{what} names {dup} more than once; give each entry its own name.")
+    return out
 
 
 def resolve_entries(entries: Any, data: EvalData, what: str) -> tuple[EvalData, list[tuple[str, AnchorSet, str]]]:
