@@ -12,6 +12,7 @@ from anchordiv.anchorsfile import (
     cache_path,
     embed_anchors,
     encoder_slug,
+    escape_set_name,
     load_anchor_texts,
     parse_anchor_spec,
     read_anchors_file,
@@ -101,7 +102,7 @@ def test_yaml_phrases_with_per_phrase_weights_and_top_level_list(tmp_path):
     ("key.yaml", "a:\n  phrases: [x]\n  colour: red\n", "unknown key 'colour'"),
     ("both.yaml", "a:\n  phrases: [x]\n  names: [y]\n  template: '{}'\n", "exactly one of"),
     ("bad.yaml", "a: [x\n", "not valid YAML"),
-    ("badname.yaml", "'a:b': [x]\n", "set name 'a:b'"),
+    ("badname.yaml", "' a': [x]\n", "set name ' a'"),
     ("scalar.yaml", "just a string\n", "mapping of set name"),
 ])
 def test_malformed_files_raise_clear_errors(tmp_path, name, content, match):
@@ -131,6 +132,22 @@ def test_parse_anchor_spec(yaml_file, tmp_path):
         parse_anchor_spec(f"{yaml_file}:object:lots")
     with pytest.raises(ValueError, match="empty set selection"):
         parse_anchor_spec(f"{yaml_file}:")
+
+
+def test_set_names_with_spaces_and_escapes(tmp_path):
+    p = tmp_path / "findings.yaml"
+    p.write_text("'pleural effusion': [fluid in the pleural space]\n'a:b,c=d': [x]\n")
+    assert list(read_anchors_file(p).sets) == ["pleural effusion", "a:b,c=d"]
+    assert escape_set_name("a:b,c=d") == "a\\:b\\,c\\=d"
+    assert parse_anchor_spec(f"{p}:pleural effusion:0.3,{escape_set_name('a:b,c=d')}") == (
+        p, [("pleural effusion", 0.3), ("a:b,c=d", None)])
+    labels = {}
+    assert parse_anchor_spec(f"{p}:pleural effusion=Effusion", labels=labels) == (p, [("pleural effusion", None)])
+    assert labels == {"pleural effusion": "Effusion"}
+    # without a labels dict, '=' is part of the name
+    assert parse_anchor_spec(f"{p}:x=y") == (p, [("x=y", None)])
+    with pytest.raises(ValueError, match="missing label"):
+        parse_anchor_spec(f"{p}:x=", labels={})
 
 
 def _set_mass(A, texts):

@@ -99,7 +99,7 @@ def test_unprobed_bound_is_below_every_true_distance():
         y = rng.normal(size=(50, x.shape[1])) * 2
         if augmented:
             y[:, -1] = 0
-        centroids = index.quantizer.reconstruct_n(0, 16).astype(np.float64)
+        centroids = np.asarray(index.quantizer.reconstruct_n(0, 16)).astype(np.float64)
         radii = _certify.list_radii(index, 6)
         _, probed = index.quantizer.search(y.astype(np.float32), 3)
         bound = _certify.unprobed_bound(y, centroids, radii, probed, M if augmented else None)

@@ -130,9 +130,11 @@ def test_anchors_command_prints_sets_and_reuses_cache(ws):
 def test_search_table_json_csv(ws):
     table = run("search", ws["coll"], "--anchors", f"{ws['anchors']}:style", "--query-row", 1, "-k", 3).stdout
     assert "query (id): #1 a watercolor painting of a cat" in table
-    assert "rank" in table and "distance" in table and "caption" in table and "label" in table
+    assert "rank" in table and "distance" in table and "text" in table and "label" in table
     # under the style anchors, the other watercolour is the nearest neighbour
-    assert table.splitlines()[5].split()[:2] == ["1", "4"]
+    lines = table.splitlines()
+    assert lines[3].startswith("top anchors: a watercolor painting (")
+    assert lines[6].split()[:2] == ["1", "4"]
 
     data = search_json(ws, "--anchors", f"{ws['anchors']}:object:0.7,style:0.3", "--query-text", "a kitten",
                        "--query-row", 0, "-k", 3)
@@ -149,7 +151,7 @@ def test_search_table_json_csv(ws):
         "--format", "csv").stdout)))
     assert [r["rank"] for r in rows] == ["1", "2"] and rows[0]["id"] == "2"
     assert float(rows[0]["distance"]) == pytest.approx(0.0, abs=1e-5)
-    assert set(rows[0]) >= {"query", "query_kind", "id", "distance", "caption", "label", "style"}
+    assert set(rows[0]) >= {"query", "query_kind", "id", "distance", "text", "label", "style"}
 
 
 @pytest.mark.parametrize("model, extra", [

@@ -176,11 +176,17 @@ def test_components_and_table_write_their_files(world, tmp_path):
     assert res.effects.loc[res.effects["baseline"] == "cosine", "diff"].mean() > 0
     # a value's row is over the queries that have that value
     assert (res.effects.loc[res.effects["label"] == "A", "n_queries"] == 18).all()
-    _check_tidy(res, ["label", "factor", "model", "draw"])
+    obs = res.observations
+    assert list(obs.columns) == ["tau", "label", "factor", "model", "draw", "query", "ap"]
+    assert not obs.duplicated(["tau", "label", "factor", "model", "draw", "query"]).any()
+    # table.csv holds one mean per value and draw; their means are the summary
+    means = res.rows.groupby(["tau", "label", "value", "model"], sort=False)["auprc"].mean()
+    summ = res.summary.set_index(["tau", "label", "value", "model"])["auprc"]
+    np.testing.assert_allclose(means.loc[summ.index].to_numpy(), summ.to_numpy(), atol=1e-12)
     _check_files(res, tmp_path / "t", {
-        "rows": ["label", "factor", "model", "draw", "auprc"],
-        "summary": ["label", "value", "model", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
-        "effects": ["label", "factor", "value", "model", "baseline", "diff", "ci_low", "ci_high", "class",
+        "rows": ["tau", "label", "factor", "value", "model", "draw", "auprc"],
+        "summary": ["tau", "label", "value", "model", "auprc", "ci_low", "ci_high", "n_draws", "n_queries"],
+        "effects": ["tau", "label", "factor", "value", "model", "baseline", "diff", "ci_low", "ci_high", "class",
                     "n_queries"]})
 
 
@@ -292,6 +298,32 @@ def test_eval_command(cli_files, tmp_path):
     assert r.exit_code == 2 and "unknown model 'kmeans'" in r.output
     r = runner.invoke(eval_command(), ["figure9", str(coll), "--out", str(out)])
     assert r.exit_code == 2 and "figure9" in r.output
+    r = runner.invoke(eval_command(), ["budget", str(coll), "--anchors", str(a_npy), "--factor", "a",
+                                       "--metric", "ndcg@0", "--out", str(out)])
+    assert r.exit_code == 2 and "unknown metric 'ndcg@0'" in r.output
+    # a τ list: one run per τ, one summary with a tau column, each equal to its own run
+    sweep = ["budget", str(coll), "--anchors", str(a_npy), "--factor", "a", "--budgets", "12", "--draws", "1",
+             "--model", "softmax", "--n-boot", "20", "--no-progress"]
+    r = runner.invoke(eval_command(), [*sweep, "--tau", "0.05,0.2", "--out", str(out / "sweep")])
+    assert r.exit_code == 0, r.output
+    assert "τ = 0.05: " in r.output and "τ = 0.2: " in r.output
+    header, rows = _read(out / "sweep" / "budget_summary.csv")
+    assert header[0] == "tau" and {row[0] for row in rows} == {"0.050000", "0.200000"}
+    for t in ("0.05", "0.2"):
+        r = runner.invoke(eval_command(), [*sweep, "--tau", t, "--out", str(out / t)])
+        assert r.exit_code == 0, r.output
+        _, single = _read(out / t / "budget_summary.csv")
+        assert [row[1:] for row in rows if float(row[0]) == float(t)] == single
+        assert (out / "sweep" / f"tau={t}" / "budget.png").is_file()
+    assert "# τ = 0.2" in (out / "sweep" / "budget.md").read_text()
+    r = runner.invoke(eval_command(), ["budget", str(coll), "--anchors", str(a_npy), "--factor", "a", "--tau", "0.1",
+                                       "--budgets", "12", "--draws", "1", "--model", "softmax", "--metric", "mrr",
+                                       "--n-boot", "20", "--out", str(out / "mrr"), "--no-progress"])
+    assert r.exit_code == 0 and "metric: mrr (in place of AUPRC)" in r.output, r.output
+    header, _ = _read(out / "mrr" / "budget_summary.csv")
+    assert "mrr" in header and "auprc" not in header
+    md = (out / "mrr" / "budget.md").read_text()
+    assert "mrr" in md and "AUPRC" not in md
 
 
 def test_eval_model_options(cli_files, tmp_path):
@@ -327,3 +359,118 @@ def test_eval_model_options(cli_files, tmp_path):
                           ([*comp, "--param", "softmax.rank=2"], "softmax is not fitted")):
         r = runner.invoke(eval_command(), [*args, "--out", str(tmp_path / "x")])
         assert r.exit_code == 2 and message in r.output, r.output
+
+
+# ------------------------------------------------------------- metrics, multi-label
+def _brute_recall_at(D, rel, k):
+    """recall@k per query in float64 (no ties in D here), self excluded by D = inf."""
+    order = np.argsort(D, axis=1, kind="stable")[:, :k]
+    hits = np.take_along_axis(rel, order, 1).sum(1)
+    total = rel.sum(1)
+    return np.where(total > 0, hits / np.maximum(total, 1), np.nan)
+
+
+@pytest.mark.parametrize("protocol", ["budget", "components", "coordinate", "adaptation", "table"])
+def test_every_protocol_scores_with_the_chosen_metric(world, protocol):
+    data = world["data"]
+    kw = dict(n_boot=20, progress=False, metric="recall@5", seed=0)
+    if protocol == "budget":
+        res = ex.budget(data, world["A"], "a", models=["softmax"], baselines=["cosine"], budgets=[12], n_draws=1, **kw)
+    elif protocol == "components":
+        res = ex.components(data, {"A": (world["A"], "a")}, n_components=[1], n_draws=1, references=["softmax"], **kw)
+    elif protocol == "coordinate":
+        res = ex.coordinate(data, world["A"], world["B"], "a", "b", models=["softmax"], baselines=["cosine"],
+                            proportions=[1.0], n_draws=1, anchor_fraction=1.0, **kw)
+    elif protocol == "adaptation":
+        res = ex.adaptation(data, world["broad"], world["A"], "a", models=["gaussian"], references=["cosine"],
+                            budgets=[12], n_draws=1, **kw)
+    else:
+        res = ex.table(data, {"A": (world["A"], "a")}, models=["softmax"], baselines=["cosine"], **kw)
+    assert res.config["metric"] == "recall@5"
+    assert "recall@5" in res.rows.columns and "auprc" not in res.rows.columns
+    assert "recall@5" in res.summary.columns
+    # the cosine observations are recall@5 of cosine, computed directly
+    X = data.embeddings
+    D = 1 - X @ X.T
+    np.fill_diagonal(D, np.inf)
+    lab = data.labels["a"]
+    rel = lab[:, None] == lab[None, :]
+    np.fill_diagonal(rel, False)
+    model_col = "method" if protocol == "adaptation" else "model"
+    obs = res.observations[res.observations[model_col] == "cosine"]
+    if "factor" in obs.columns:
+        obs = obs[obs["factor"] == "a"]
+    first = obs.drop_duplicates("query")
+    np.testing.assert_allclose(first["ap"].to_numpy(), _brute_recall_at(D, rel, 5)[first["query"].to_numpy()],
+                               atol=1e-12)
+    with pytest.raises(ValueError, match="unknown metric 'recall@x'"):
+        ex.table(data, {"A": (world["A"], "a")}, metric="recall@x", progress=False)
+
+
+def test_multilabel_table_in_python_matches_brute_force():
+    rng = np.random.default_rng(1)
+    names = ["Pleural Effusion", "lung_opacity", "Cardiomegaly"]
+    dirs = rng.normal(size=(3, D))
+    Y = rng.random((50, 3)) < 0.4
+    X = _unit(Y @ dirs + 0.7 * rng.normal(size=(50, D)))
+    cells = ["|".join(n for n, y in zip(names, row) if y) for row in Y]
+    cells[0] = ""  # an item without any finding
+    Y[0] = False
+    data = EvalData.create(X, {"findings": cells}, multilabel=["findings"], tau=TAU)
+    assert data.label_names("findings") == sorted(names)
+    # parquet-style list cells give the same labels
+    lists = EvalData.create(X, {"findings": [c.split("|") if c else [] for c in cells]}, multilabel="findings")
+    assert (lists.multilabels["findings"] == data.multilabels["findings"]).all()
+    sets = {"pleural effusion": ad.AnchorSet(_unit(dirs[[0]] + 0.2 * rng.normal(size=(4, D)))),
+            "Lung Opacity": ad.AnchorSet(_unit(dirs[[1]] + 0.2 * rng.normal(size=(4, D)))),
+            "heart": ad.AnchorSet(_unit(dirs[[2]] + 0.2 * rng.normal(size=(4, D))))}
+    entries = {"pleural effusion": (sets["pleural effusion"], "findings"),
+               "Lung Opacity": (sets["Lung Opacity"], "findings"),
+               "heart": (sets["heart"], "findings=cardiomegaly")}
+    res = ex.table(data, entries, models=["softmax"], baselines=["cosine"], n_boot=20, progress=False)
+    assert set(res.config["settings"].values()) == {
+        "per-label on multi-label findings: queries = the items carrying the label, relevant = the other items "
+        "carrying it"}
+    for name, col in (("pleural effusion", 0), ("Lung Opacity", 1), ("heart", 2)):
+        g = ad.Softmax(tau=TAU).fit(sets[name])
+        Dm = g.pairwise(X, X).astype(np.float64)
+        np.fill_diagonal(Dm, np.inf)
+        has = Y[:, col]
+        rel = has[:, None] & has[None, :]
+        np.fill_diagonal(rel, False)
+        ref = mean_average_precision(Dm[has], rel[has])
+        got = res.summary[(res.summary["label"] == name) & (res.summary["model"] == "softmax")]
+        assert float(got["auprc"].iloc[0]) == pytest.approx(ref.mean, abs=1e-9)
+        assert int(got["n_queries"].iloc[0]) == int(has.sum())
+    # a 0/1 factor gets the per-label setting by default; all_queries via per_value=False
+    flags = EvalData.create(X, {"effusion": Y[:, 0].astype(int)}, tau=TAU)
+    res = ex.table(flags, {"e": (sets["pleural effusion"], "effusion")}, n_boot=20, progress=False)
+    assert res.summary["value"].unique().tolist() == ["1"]
+    res = ex.table(flags, {"e": (sets["pleural effusion"], "effusion")}, per_value=False, n_boot=20, progress=False)
+    assert res.summary["value"].unique().tolist() == ["all"]
+    assert "all items as queries" in res.config["settings"]["e"]
+    with pytest.raises(ValueError, match="no label of 'findings' matches 'heart'"):
+        ex.table(data, {"heart": (sets["heart"], "findings")}, progress=False)
+    with pytest.raises(ValueError, match="multilabel names \\['nope'\\]"):
+        EvalData.create(X, {"findings": cells}, multilabel=["nope"])
+
+
+def test_multilabel_parquet_lists_and_custom_separator(tmp_path):
+    import pandas as pd
+
+    from anchordiv.io import load_collection
+
+    rng = np.random.default_rng(2)
+    X = _unit(rng.normal(size=(6, D))).astype(np.float32)
+    lists = [["a", "b"], ["b"], [], ["a"], ["a", "c"], ["c"]]
+    pd.DataFrame({"embedding": list(X), "tags": lists, "flat": [";".join(x) for x in lists]}).to_parquet(
+        tmp_path / "c.parquet")
+    coll = load_collection(tmp_path / "c.parquet")
+    data = EvalData.from_collection(coll, factors=["tags"], multilabel=["tags"])
+    semi = EvalData.from_collection(coll, factors=["flat"], multilabel=["flat"], sep=";")
+    assert data.label_names("tags") == semi.label_names("flat") == ["a", "b", "c"]
+    flagged, name = data.flag_factor("tags", "a")
+    assert name == "tags=a" and flagged.labels[name].tolist() == [True, False, False, True, True, False]
+    assert "tags (3 labels, multi-label)" in data.describe()
+    with pytest.raises(ValueError, match="sep must be a non-empty string"):
+        EvalData.from_collection(coll, factors=["flat"], multilabel=["flat"], sep="")

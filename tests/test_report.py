@@ -391,3 +391,35 @@ def test_text_query_on_image_gallery(tmp_path):
     assert "a red car" in qcard.text() and not qcard.find_all("img")
     assert len(root.find_all("img")) == 3
     assert out.png.is_file()
+
+
+def test_cards_inline_html_top_anchors_and_long_texts(tmp_path):
+    import anchordiv as ad
+    from anchordiv.diagnostics import explain
+    from anchordiv.report import CARD_CHARS, ReportGeometry, cards, write_report
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(12, 8))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    A = ad.AnchorSet(X[:3], texts=["no pleural effusion", "effusion <b>", "heart & lungs"])
+    long = "start of a long report " * 20 + "<script>alert(1)</script> the end"
+    items = [long if i == 1 else f"item {i}" for i in range(12)]
+    g = ad.Softmax(tau=0.1).fit(A)
+    res = cards(X[:2], X, ReportGeometry(g, anchors=A, factor="lab"), k=3, items=items,
+                labels={"lab": [i % 2 for i in range(12)]}, query_rows=[0, 1], name="softmax")
+    # the same neighbours as the geometry's own search, which still returns (distances, indices)
+    d, i = g.search(X[:2], X, k=3, exclude=np.array([0, 1]))
+    np.testing.assert_array_equal(res.indices["softmax"], np.asarray(i))
+    ex = explain(A, X[:2], 0.1, top=3)
+    assert res.top_anchors["softmax"][1] == [(a, pytest.approx(p)) for a, p in ex.top_anchors(1)]
+    html = res._repr_html_()
+    assert html.startswith('<div class="anchordiv-report">') and "<html" not in html and "<body" not in html
+    assert "top anchors: " in html and "effusion &lt;b&gt;" in html and "heart &amp; lungs" in html
+    # a long text: its start on the card, the full text (escaped) behind <details>
+    assert len(long) > CARD_CHARS
+    assert '<details class="text long"><summary>start of a long report' in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; the end" in html and "<script>alert" not in html
+    page = write_report(res, tmp_path)
+    text = page.html.read_text()
+    assert text.startswith("<!DOCTYPE html>") and '<details class="text long">' in text
+    assert page.png.stat().st_size > 0

@@ -5,7 +5,7 @@ Learning". A set of text anchors defines a distribution; its cumulant generating
 function defines a Bregman geometry on the (unchanged) embedding space.
 """
 
-from . import exact, io, metrics, special
+from . import diagnostics, exact, io, metrics, special
 from .exact import search
 from .anchors import AnchorSet
 from .index import Index
@@ -30,11 +30,11 @@ __version__ = "0.1.0"
 __all__ = [
     "AnchorSet", "AnchorModel", "Geometry", "NotFittedError", "Softmax", "Gaussian", "GaussianMixture",
     "LatentGaussian", "LatentSpherical", "Cosine", "ImageTextInversion", "MODELS", "make_model", "register_model", "registry",
-    "Index", "exact", "io", "metrics", "search", "special", "encoders", "integrations",
+    "Index", "diagnostics", "exact", "io", "metrics", "search", "special", "encoders", "integrations",
 ]
 
 # Imported on first access (``ad.encoders.load(...)``), so that ``import anchordiv`` stays light.
-_LAZY_SUBMODULES = ("encoders", "integrations")
+_LAZY_SUBMODULES = ("encoders", "integrations", "anchorsfile", "report", "experiments")
 
 
 def __getattr__(name: str):

@@ -62,6 +62,7 @@ __all__ = [
     "cache_path",
     "embed_anchors",
     "encoder_slug",
+    "escape_set_name",
     "load_anchor_texts",
     "parse_anchor_spec",
     "ResolvedAnchors",
@@ -75,7 +76,8 @@ YAML_SUFFIXES = (".yaml", ".yml")
 
 _CACHE_FORMAT = "anchordiv.anchors-cache"
 _CACHE_VERSION = 1
-_BAD_NAME = re.compile(r"[,:\s]")
+#: Characters of the spec syntax; a set name holding one is written with a backslash before it.
+_SPEC_CHARS = ",:=\\"
 
 
 class AnchorTexts(NamedTuple):
@@ -325,11 +327,38 @@ def _check_set_name(name: Any, path: Path) -> str:
     if isinstance(name, bool) or not isinstance(name, (str, int, float)):
         raise ValueError(f"anchors file {str(path)!r}: set names must be strings, got {name!r}")
     name = str(name)
-    if not name or _BAD_NAME.search(name):
+    if not name.strip() or name != name.strip():
         raise ValueError(
-            f"anchors file {str(path)!r}: set name {name!r} must be non-empty without ',', ':' or spaces"
+            f"anchors file {str(path)!r}: set name {name!r} must be non-empty without leading or trailing spaces"
         )
     return name
+
+
+def escape_set_name(name: str) -> str:
+    """``name`` as written in an anchors spec: ``\\`` before each ``,``, ``:``, ``=`` and ``\\``."""
+    return "".join("\\" + ch if ch in _SPEC_CHARS else ch for ch in name)
+
+
+def _split_spec(text: str, sep: str, maxsplit: int = -1) -> list[str]:
+    """``text`` split at the ``sep`` characters not escaped by a backslash (escapes kept)."""
+    parts, cur, i = [], [], 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text):
+            cur.append(text[i:i + 2])
+            i += 2
+            continue
+        if ch == sep and maxsplit != 0:
+            parts.append("".join(cur))
+            cur, maxsplit = [], maxsplit - 1
+        else:
+            cur.append(ch)
+        i += 1
+    return parts + ["".join(cur)]
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\(.)", r"\1", text)
 
 
 def read_anchors_file(path: str | os.PathLike) -> AnchorsFile:
@@ -576,18 +605,27 @@ def embed_anchors(path: str | os.PathLike, encoder: Any, *, cache: bool = True,
 # specs
 
 
-def _parse_selection(text: str, arg: str) -> list[tuple[str, float | None]]:
+def _parse_selection(text: str, arg: str,
+                     labels: dict[str, str] | None = None) -> list[tuple[str, float | None]]:
+    """``NAME[:P],...`` (``\\`` escapes ``,``, ``:``, ``=``); with ``labels``, also
+    ``NAME=LABEL[:P]``, whose ``NAME → LABEL`` goes into ``labels``."""
     if not text.strip():
         raise ValueError(f"{arg}: empty set selection after ':'; write PATH or PATH:NAME[:P][,NAME[:P]...]")
     out: list[tuple[str, float | None]] = []
-    for part in text.split(","):
+    for part in _split_spec(text, ","):
         part = part.strip()
         if not part:
             raise ValueError(f"{arg}: empty entry in the set selection {text!r}")
-        name, sep, prop = part.partition(":")
-        name = name.strip()
+        name, *rest = _split_spec(part, ":", 1)
+        prop, sep = (rest[0], True) if rest else ("", False)
+        name, *label = _split_spec(name, "=", 1) if labels is not None else [name]
+        name = _unescape(name.strip())
         if not name:
             raise ValueError(f"{arg}: missing set name in {part!r}")
+        if label:
+            if not _unescape(label[0]).strip():
+                raise ValueError(f"{arg}: missing label after '=' in {part!r}; write SET=LABEL")
+            labels[name] = _unescape(label[0]).strip()
         if not sep:
             out.append((name, None))
             continue
@@ -596,17 +634,22 @@ def _parse_selection(text: str, arg: str) -> list[tuple[str, float | None]]:
         except ValueError:
             raise ValueError(
                 f"{arg}: bad proportion {prop!r} for set {name!r}; write NAME:P with a number P >= 0, "
-                "e.g. object:0.7,style:0.3"
+                "e.g. object:0.7,style:0.3 (a ':' inside a set name is written '\\:')"
             ) from None
         out.append((name, value))
     return out
 
 
-def parse_anchor_spec(spec: str | os.PathLike, arg: str = "anchors") -> tuple[Path, list[tuple[str, float | None]] | None]:
+def parse_anchor_spec(spec: str | os.PathLike, arg: str = "anchors",
+                      labels: dict[str, str] | None = None) -> tuple[Path, list[tuple[str, float | None]] | None]:
     """Split ``PATH[:NAME[:P][,NAME[:P]...]]`` into the file and the set selection.
 
     The longest prefix of ``spec`` that names an existing file is the path (so paths
-    containing ``:`` work); the rest, after a ``:``, is the selection.
+    containing ``:`` work); the rest, after a ``:``, is the selection. A set name holding
+    ``,``, ``:``, ``=`` or ``\\`` writes it with a backslash before it
+    (:func:`escape_set_name`); spaces need no escape. With a ``labels`` dict, entries
+    ``NAME=LABEL`` are also accepted and ``NAME → LABEL`` is stored in it (``eval table
+    --multilabel``).
 
     Parameters
     ----------
@@ -635,7 +678,7 @@ def parse_anchor_spec(spec: str | os.PathLike, arg: str = "anchors") -> tuple[Pa
         return Path(s), None
     for i in [m.start() for m in re.finditer(":", s)][::-1]:
         if os.path.isfile(s[:i]):
-            return Path(s[:i]), _parse_selection(s[i + 1:], arg)
+            return Path(s[:i]), _parse_selection(s[i + 1:], arg, labels)
     head = s.split(":", 1)[0] if not os.path.exists(s) else s
     if os.path.isdir(head):
         raise ValueError(f"{arg}: {head!r} is a directory; pass an anchors file (.txt or .yaml)")

@@ -264,6 +264,8 @@ def _item_column(collection: Any) -> str | None:
     meta = getattr(collection, "metadata", None)
     if meta is None:
         return None
+    if getattr(collection, "item_column", None):
+        return collection.item_column
     for col in ("caption", "image_path", "text"):
         if col in meta.columns:
             return col
@@ -406,6 +408,9 @@ def _emit(results: list[dict], fmt: str, info: dict) -> None:
     click.echo(f"# {desc}")
     for q in results:
         click.echo(f"\nquery ({q['kind']}): {_shorten(q['query'], 80)}")
+        if q.get("top_anchors"):
+            click.echo("top anchors: " + "; ".join(f"{_shorten(a['anchor'], 40)} ({a['probability']:.2f})"
+                                                  for a in q["top_anchors"]))
         rows = [[str(h["rank"]), str(h["id"]), f"{h['distance']:.6g}",
                  *(_shorten("" if h.get(c) is None else h[c], 60) for c in columns)] for h in q["results"]]
         click.echo(_table(rows, header))
@@ -578,11 +583,12 @@ def embed(source: str, out_dir: str, model: str, column: str | None, shard_size:
             raise click.UsageError("--column applies to CSV/TSV/parquet files, not to an image folder")
         items, kind = list_images(src), "image"
     else:
-        items, kind = read_texts(src, column=column), "text"
+        items, kind = read_texts(src, column=column, keep_name=True), "text"
     encoder = LazyEncoder(model, device, batch_size)
     show = sys.stderr.isatty() if progress is None else progress
     res = embed_collection(items, encoder, out_dir, kind=kind, shard_size=shard_size, dtype=dtype,
-                           progress=show, batch_size=batch_size)
+                           progress=show, batch_size=batch_size,
+                           item_column=str(items.columns[0]) if kind == "text" else None)
     noun = "images" if kind == "image" else "texts"
     if res.shards_written == 0 and res.complete:
         click.echo(f"Nothing to do: {res.out_dir} already holds {res.n_embedded} embedded {noun}; "
@@ -603,7 +609,15 @@ def embed(source: str, out_dir: str, model: str, column: str | None, shard_size:
 @click.option("--device", default=None, help="Torch device of the encoder.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Phrases per encoder call.")
 @click.option("--refresh", is_flag=True, help="Recompute even if a matching cache exists.")
-def anchors(file: str, model: str, device: str | None, batch_size: int | None, refresh: bool) -> None:
+@click.option("--diagnose", "diagnose", default=None, metavar="COLLECTION", type=click.Path(exists=True),
+              help="Also show how COLLECTION's items use each set: effective number of anchors exp(entropy), "
+                   "items concentrated on few anchors, anchors never any item's top one.")
+@click.option("--tau", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Temperature of --diagnose (default: the collection's, else the encoder's).")
+@click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
+              help="--diagnose: an item is concentrated when its TOP anchors hold half its mass.")
+def anchors(file: str, model: str, device: str | None, batch_size: int | None, refresh: bool,
+            diagnose: str | None, tau: float | None, top: int) -> None:
     """Embed an anchors file and cache the result next to it.
 
     FILE is plain text (one phrase per line, # comments) or YAML with named sets: a list of
@@ -639,6 +653,30 @@ def anchors(file: str, model: str, device: str | None, batch_size: int | None, r
     click.echo(_table(rows, ["set", "phrases", "mix", "weights", "first phrase"]))
     state = "reused" if emb.from_cache else ("written" if emb.cache_file else "not written")
     click.echo(f"cache: {emb.cache_file or '-'} ({state})")
+    if diagnose is not None:
+        _diagnose(diagnose, emb, tau, top)
+
+
+def _diagnose(collection: str, emb: Any, tau: float | None, top: int) -> None:
+    """Print each set's coverage of ``collection`` (:meth:`anchordiv.diagnostics.Explanation.coverage`)."""
+    from .diagnostics import explain
+
+    coll = _load_collection(collection)
+    t = _default_tau(tau, coll, [emb.tau], None, ["softmax"])
+    click.echo(f"\ncoverage of {collection} ({len(coll)} items, tau {t:.6g}): share of items with half their mass "
+               f"on <= {top} anchors, median exp(entropy)")
+    rows = []
+    for name, s in emb.sets.items():
+        if s.dim != coll.dim:
+            raise click.UsageError(f"set {name!r} has dimension {s.dim} but {collection} has {coll.dim}; embed both "
+                                   "with one encoder")
+        cov = explain(s, coll.embeddings, t, top=min(top, len(s))).coverage(few=min(top, len(s)))
+        most = [s.texts[i] if s.texts else str(i) for i in cov.top_counts.argsort()[::-1][:2]]
+        rows.append([name, str(len(s)), f"{cov.n_concentrated}/{cov.n_items}", f"{cov.median_effective:.3g}",
+                     str(len(cov.never_top)), _shorten("; ".join(map(str, cov.never_top)) or "-", 50),
+                     _shorten("; ".join(most), 50)])
+    click.echo(_table(rows, ["set", "anchors", "concentrated", "median eff.", "never top", "never top anchors",
+                             "most often top"]))
 
 
 @cli.command(short_help="Nearest neighbours under one anchor geometry.")
@@ -702,8 +740,20 @@ def search(collection: str, query_ids, query_texts, query_images, anchor_spec, m
     dist, idx = model.search(Qd, Gd, k=_k_left(k, len(coll), queries, include_self), symmetric=not asymmetric,
                              exclude=_own_rows(queries, include_self))
     results = _results(coll, queries, _to_numpy(dist), _to_numpy(idx))
+    if anchor_set is not None and t is not None:
+        _add_top_anchors(results, anchor_set, Q, t)
     _emit(results, fmt, {"collection": collection, "model": model_name, "anchors": anchor_spec,
                          "tau": t if model_name in TAU_MODELS else None, "k": k})
+
+
+def _add_top_anchors(results: list[dict], anchors: Any, Q: Any, tau: float, top: int = 3) -> None:
+    """Each query's top anchors and their probabilities under the softmax over ``anchors``."""
+    from .diagnostics import explain
+
+    ex = explain(anchors, Q, tau, top=top)
+    for qi, res in enumerate(results):
+        res["top_anchors"] = [{"anchor": a, "probability": p} for a, p in ex.top_anchors(qi)]
+        res["effective_anchors"] = float(ex.effective_number[qi])
 
 
 def _search_index(index_path: str, coll: Any, query_ids, query_texts, query_images, k: int, encoder: str | None,
@@ -747,8 +797,8 @@ def _search_index(index_path: str, coll: Any, query_ids, query_texts, query_imag
 @click.option("-k", "k", type=click.IntRange(min=1), default=8, show_default=True, help="Neighbours per query.")
 @click.option("--encoder", default=None, metavar="SPEC", help=_ENCODER_HELP)
 @click.option("--label", "label_columns", multiple=True, metavar="COLUMN",
-              help="Metadata column whose shared values mark a neighbour as relevant (repeatable; "
-                   "default: 'label' when the collection has it).")
+              help="Metadata column whose shared values mark a neighbour as relevant (repeatable; the first "
+                   "gives the green border; default: 'label' when the collection has it).")
 @click.option("--include-self", is_flag=True, help="Keep a --query-id row in its own results.")
 @click.option("--asymmetric", is_flag=True, help="Rank by d(q‖g) instead of the symmetrized divergence.")
 @click.option("--title", default="Neighbours under each geometry", show_default=True, help="Report title.")
@@ -807,6 +857,8 @@ def compare(collection, query_ids, query_texts, query_images, anchor_specs, mode
         label_cols = list(label_columns)
     else:
         label_cols = ["label"] if meta is not None and "label" in meta.columns else []
+    for g in geometries.values():  # the first --label is each row's primary factor (green borders)
+        g.factor = label_cols[0] if label_cols else None
     item_col = _item_column(coll)
     items = meta[item_col].astype(str).tolist() if item_col is not None else None
     query_items = [(items[r] if items is not None else None) if r is not None else lab

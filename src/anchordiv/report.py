@@ -46,7 +46,7 @@ import numpy as np
 
 from ._util import positive_int, require
 
-__all__ = ["ReportGeometry", "GeometryRow", "ComparisonResult", "ReportPaths", "compare", "write_report"]
+__all__ = ["ReportGeometry", "GeometryRow", "ComparisonResult", "ReportPaths", "compare", "cards", "write_report"]
 
 #: Metadata column holding the items of a collection, by kind.
 ITEM_COLUMNS = {"text": ("caption", "text"), "image": ("image_path", "path", "filepath")}
@@ -56,6 +56,9 @@ CARD_CHARS = 220
 
 #: Longest side, in pixels, of an embedded thumbnail.
 THUMBNAIL_PX = 160
+
+#: Most probable anchors shown for each query on an anchor row.
+TOP_ANCHORS = 3
 
 #: Anchors listed in full under a row (the rest are counted).
 MAX_LISTED_ANCHORS = 200
@@ -169,6 +172,10 @@ class ComparisonResult:
         Extra facts shown in the report header.
     item_ids : list or None
         The id shown for each gallery row (None: the row number).
+    top_anchors : dict of str to list
+        Per geometry with an anchor set, each query's most probable anchors
+        ``[(text, probability)]`` under the softmax over them
+        (:func:`anchordiv.diagnostics.explain`).
     """
 
     kind: str
@@ -188,6 +195,11 @@ class ComparisonResult:
     items: Sequence[Any] | None = None
     info: dict[str, Any] = field(default_factory=dict)
     item_ids: list[Any] | None = None
+    top_anchors: dict[str, list[list[tuple[str, float]]]] = field(default_factory=dict)
+
+    def _repr_html_(self) -> str:
+        """The card grid inline in a notebook (the page of :func:`write_report`, without images on disk)."""
+        return _render_html(_view(self, "Neighbours under each geometry", _Thumbs(THUMBNAIL_PX)), fragment=True)
 
     def item_id(self, row: int) -> Any:
         """The id a gallery row is shown with: ``item_ids[row]``, else the row number."""
@@ -345,6 +357,8 @@ def _column_items(collection: Any, kind: str) -> list[Any] | None:
     meta = getattr(collection, "metadata", None)
     if meta is None:
         return None
+    if getattr(collection, "item_column", None):
+        return meta[collection.item_column].tolist()
     for col in ITEM_COLUMNS[kind]:
         if col in meta.columns:
             return meta[col].tolist()
@@ -599,11 +613,17 @@ def compare(
         rows.append(GeometryRow(str(name), label, texts, n_anchors, spec.factor, row_mark))
 
     Qs = _take_rows(Q, qidx)
-    indices, distances, relevant = {}, {}, {}
+    indices, distances, relevant, top_anchors = {}, {}, {}, {}
     for row, spec in zip(rows, geometries.values()):
         geom = spec.geometry if isinstance(spec, ReportGeometry) else spec
         d, i = _search(geom, Qs, G, k, own, exclude_self, symmetric, n, progress)
         distances[row.name], indices[row.name] = d, i
+        anchors = spec.anchors if isinstance(spec, ReportGeometry) else None
+        if getattr(anchors, "embeddings", None) is not None and getattr(geom, "tau_", None) is not None:
+            from .diagnostics import explain
+
+            ex = explain(anchors, _to_numpy(Qs), geom.tau_, top=TOP_ANCHORS)
+            top_anchors[row.name] = [[(str(a), p) for a, p in ex.top_anchors(j)] for j in range(len(qidx))]
         rel = {}
         for f, src in factors.items():
             if callable(src):
@@ -621,8 +641,21 @@ def compare(
         kind=kind, k=k, rows=rows, query_indices=qidx, query_rows=own, query_titles=titles,
         query_items=shown_items, factors=list(factors), query_values=query_values,
         gallery_values=gallery_values, indices=indices, distances=distances, relevant=relevant,
-        known=known, items=items, info=dict(info or {}), item_ids=item_ids,
+        known=known, items=items, info=dict(info or {}), item_ids=item_ids, top_anchors=top_anchors,
     )
+
+
+def cards(queries: Any, gallery: Any, geometry: Any, *, k: int = 8, name: str | None = None, **kwargs: Any
+          ) -> ComparisonResult:
+    """The neighbours of ``queries`` under one geometry as a card grid: a :class:`ComparisonResult`
+    that a notebook shows inline (``_repr_html_``) and :func:`write_report` writes.
+
+    ``geometry`` is a fitted geometry or a :class:`ReportGeometry`; ``kwargs`` are those of
+    :func:`compare`. The search itself is :meth:`anchordiv.Geometry.search`, which keeps
+    returning ``(distances, indices)``.
+    """
+    geom = geometry.geometry if isinstance(geometry, ReportGeometry) else geometry
+    return compare(queries, gallery, {name or type(geom).__name__.lower(): geometry}, k=k, **kwargs)
 
 
 # ---------------------------------------------------------------------------
@@ -792,6 +825,11 @@ class Content:
     def short(self) -> str:
         return _short(self.text, CARD_CHARS)
 
+    @property
+    def long(self) -> bool:
+        """Whether the card shows the start only (the full text expands below it)."""
+        return len(" ".join(self.text.split())) > CARD_CHARS
+
 
 @dataclass
 class Chip:
@@ -830,6 +868,7 @@ class RowView:
     n_anchors: int | None
     precision: list[tuple[str, str, bool]]
     neighbours: list[NeighbourView]
+    top: str = ""
 
 
 @dataclass
@@ -899,9 +938,11 @@ def _view(r: ComparisonResult, title: str, thumbs: _Thumbs) -> ReportView:
             listed = grow.anchor_texts[:MAX_LISTED_ANCHORS]
             precision = [(f, _fmt_p(float(r.precision_at_k(grow.name, f)[qi])), f == grow.factor)
                          for f in order if f in grow.mark or f == grow.factor]
+            top = r.top_anchors.get(grow.name)
             rows.append(RowView(grow.name, grow.label, grow.factor, _anchor_preview(grow.anchor_texts, grow.n_anchors),
                                 listed, (grow.n_anchors or len(grow.anchor_texts)) - len(listed), grow.n_anchors,
-                                precision, neighbours))
+                                precision, neighbours,
+                                " · ".join(f"{_short(a, 40)} {p:.2f}" for a, p in top[qi]) if top else ""))
         text = str(item) if item is not None and (r.kind == "text" or _is_text_query(item)) else None
         values = [(f, _fmt_value(r.query_values[f][qi])) for f in r.factors if r.query_values[f][qi] is not None]
         head = "query" + (f" · #{r.item_id(own)}" if own is not None else "")
@@ -910,13 +951,14 @@ def _view(r: ComparisonResult, title: str, thumbs: _Thumbs) -> ReportView:
                       [(t, f) for f, t in token.items()], queries, thumbs.skipped())
 
 
-def _render_html(view: ReportView) -> str:
-    """The page: ``templates/report.html.j2`` rendered with autoescaping on."""
+def _render_html(view: ReportView, fragment: bool = False) -> str:
+    """The page: ``templates/report.html.j2`` rendered with autoescaping on (``fragment``: a
+    ``<div>`` with its own styles, for a notebook cell)."""
     jinja2 = require("jinja2", "jinja2", "write_report")
     env = jinja2.Environment(loader=jinja2.PackageLoader("anchordiv", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
-    return env.get_template("report.html.j2").render(vars(view))
+    return env.get_template("report.html.j2").render(vars(view), fragment=fragment)
 
 
 # ---------------------------------------------------------------------------
@@ -935,7 +977,9 @@ def _draw_grid(view: ReportView, path: Path, dpi: float) -> None:
     from PIL import Image
 
     k = view.k
-    label_w, card_w, gap = 2.3, 1.5, 0.06
+    card_w, gap = 1.5, 0.06
+    longest = max([len(row.label) for q in view.queries for row in q.rows] + [1])
+    label_w = min(5.0, max(2.3, longest / 3 * 7.5 * 0.55 / 72 + 0.4))  # each label fits in three lines
     card_h = 1.45 if view.kind == "image" else 1.2
     chip_h = 0.16 if any(n.chips for q in view.queries for row in q.rows for n in row.neighbours) else 0.0
     head_h, title_h = 0.55, 0.5
@@ -989,7 +1033,7 @@ def _draw_grid(view: ReportView, path: Path, dpi: float) -> None:
     draw_text(0.12, 0.3, view.title, fontsize=13, fontweight="bold", va="center")
     y = title_h
     for q in view.queries:
-        qtext = q.title + (": " + _short(q.text, 160) if q.text is not None else "")
+        qtext = _short(q.title + (": " + q.text if q.text is not None else ""), int(width * 72 / (9 * 0.62)) - 2)
         draw_text(0.12, y + 0.2, qtext, fontsize=9, fontweight="bold", va="center")
         if q.values:
             draw_text(0.12, y + 0.42, " · ".join(f"{f}: {v}" for f, v in q.values), fontsize=7, color="#57606a",
@@ -997,10 +1041,15 @@ def _draw_grid(view: ReportView, path: Path, dpi: float) -> None:
         y += head_h
         for row in q.rows:
             box(0.06, y, label_w - 0.06, card_h, "#1a7f37" if row.factor else "#8c959f", "#f6f8fa", 0.8)
-            lab = textwrap.wrap(row.label, int(label_w * 72 / (7.5 * 0.55)) - 3)[:2]
+            lab = textwrap.wrap(row.label, int(label_w * 72 / (7.5 * 0.55)) - 3, break_long_words=True)
+            if len(lab) > 3:
+                lab = lab[:2] + [_short(" ".join(lab[2:]), len(lab[2]))]
             draw_text(0.16, y + 0.12, "\n".join(lab), fontsize=7.5, fontweight="bold", va="top")
             prev = _anchor_preview(row.anchors, row.n_anchors, width=70)
-            lines = textwrap.wrap(prev, int(label_w * 72 / (6 * 0.55)) - 4)[:3] if prev else []
+            width_chars = int(label_w * 72 / (6 * 0.55)) - 4
+            lines = textwrap.wrap(prev, width_chars)[:max(1, 4 - len(lab))] if prev else []
+            if row.top:
+                lines = lines[:max(0, 3 - len(lab))] + [_short("top: " + row.top, width_chars)]
             draw_text(0.16, y + 0.16 + 0.14 * len(lab), "\n".join(lines), fontsize=6, color="#57606a", va="top")
             shown = row.precision[:4]
             for j, (f, p, primary) in enumerate(shown):

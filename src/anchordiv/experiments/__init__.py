@@ -11,6 +11,11 @@ table          Tables 2, 3          label-specific anchors beat cosine and ITI
 runtime        App. F.4, Table 4    softmax time grows with N, Gaussian time stays flat
 =============  ===================  ======================================================
 
+Every protocol takes ``metric=`` (a :func:`anchordiv.metrics.get_metric` name; AUPRC by
+default); :func:`sweep_tau` runs one over a list of temperatures (``table`` takes the list
+itself). A multi-label factor (``EvalData.create(..., multilabel=["findings"])``) gives
+``table`` one per-label row per anchor set matched to a label.
+
 Python::
 
     import anchordiv as ad
@@ -35,11 +40,11 @@ from .core import ANCHOR_MODELS, BASELINES, PARAMETRIC, POSTERIOR_MODELS, EvalDa
 
 _LAZY = {"ProtocolResult": "report", "summarize": "report", "PROTOCOLS": "protocols", "run_protocol": "protocols",
          "coordinate": "protocols", "budget": "protocols", "adaptation": "protocols", "components": "protocols",
-         "table": "protocols", "runtime": "protocols"}
+         "table": "protocols", "runtime": "protocols", "sweep_tau": "protocols", "table_setting": "protocols"}
 
 __all__ = [
     "EvalData", "ProtocolResult", "PROTOCOLS", "run_protocol", "coordinate", "budget", "adaptation",
-    "components", "table", "runtime", "score", "summarize", "build_geometry", "ANCHOR_MODELS", "BASELINES",
+    "components", "table", "runtime", "sweep_tau", "table_setting", "score", "summarize", "build_geometry", "ANCHOR_MODELS", "BASELINES",
     "PARAMETRIC", "POSTERIOR_MODELS",
 ]
 

@@ -14,6 +14,7 @@ parameter, given to every model of the run whose constructor takes ``KEY``
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import warnings
@@ -92,8 +93,13 @@ class _Inputs:
         _threads(opts["threads"])
         self.opts = opts
         self.collection = load_collection(opts["collection"])
-        self.data = EvalData.from_collection(self.collection, factors=sorted(set(opts["factors"])),
-                                             split_column=opts["split_column"], name=Path(opts["collection"]).name)
+        multilabel = sorted(set(opts["factors"])) if opts.get("multilabel") else ()
+        try:
+            self.data = EvalData.from_collection(self.collection, factors=sorted(set(opts["factors"])),
+                                                 split_column=opts["split_column"], name=Path(opts["collection"]).name,
+                                                 multilabel=multilabel, sep=opts.get("label_sep") or "|")
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
         if opts["max_queries"] is not None:
             self.data = self.data.subsample_queries(opts["max_queries"], seed=opts["seed"])
         self.encoder_spec = opts["encoder"] or getattr(self.collection, "encoder", None)
@@ -122,6 +128,44 @@ class _Inputs:
         name = path.stem if not selection else ",".join(n if p is None else f"{n}:{p:g}" for n, p in selection)
         return name, resolve_anchor_spec(spec, self.encoder(), arg="--anchors").anchors
 
+    def label_entries(self) -> list[tuple[str, Any, str]]:
+        """``[(set name, AnchorSet, factor)]`` for ``--multilabel``: every set of every ``--anchors``
+        (or the sets it selects), each for the label of the one ``--factor`` that matches its name
+        or that ``FILE:SET=LABEL`` names."""
+        from ..anchors import AnchorSet
+        from ..anchorsfile import embed_anchors, parse_anchor_spec
+
+        from .core import match_labels
+
+        (factor,) = self.opts["factors"]
+        known = self.data.label_names(factor)
+        out = []
+        for spec in self.opts["anchor_specs"]:
+            if spec.endswith(".npy") and os.path.isfile(spec):
+                import numpy as np
+
+                out.append((Path(spec).stem, AnchorSet(np.load(spec)), f"{factor}={Path(spec).stem}", spec))
+                continue
+            labels: dict[str, str] = {}
+            try:
+                path, selection = parse_anchor_spec(spec, arg="--anchors", labels=labels)
+            except (ValueError, FileNotFoundError) as exc:
+                raise click.BadParameter(str(exc), param_hint="--anchors") from None
+            emb = embed_anchors(path, self.encoder())
+            names = [n for n, _ in selection] if selection else list(emb.sets)
+            if not selection:  # a whole file: the sets that match a label
+                unmatched = [n for n in names if n not in match_labels(names, known, arg="--anchors")]
+                if unmatched:
+                    click.echo(f"{path}: set(s) matching no label of {factor} (skipped; map one with "
+                               f"FILE:SET=LABEL): {', '.join(unmatched)}")
+                names = [n for n in names if n not in unmatched]
+            for name in names:
+                out.append((name, emb.anchor_set([(name, None)], arg="--anchors"),
+                            f"{factor}={labels.get(name, name)}", path.stem))
+        names = [n for n, *_ in out]
+        # a set name given by several files: one row per file, named "SET · FILE"
+        return [(f"{n} · {stem}" if names.count(n) > 1 else n, A, f) for n, A, f, stem in out]
+
     def sets(self, low: int, high: int | None) -> list[tuple[str, Any, str]]:
         """``[(name, AnchorSet, factor)]`` of ``--anchors`` and ``--factor``, which pair up in order."""
         specs, factors = self.opts["anchor_specs"], self.opts["factors"]
@@ -147,14 +191,17 @@ class _Inputs:
             if components not in (None, o["gmm_components"]):
                 raise click.UsageError("give --components only (--gmm-components is its deprecated alias)")
             components = o["gmm_components"]
+        given = o["tau"] or [None]
         try:
-            tau = default_tau(fitted, o["tau"], self.data.tau,
-                              lambda: self.encoder().tau if self.encoder_spec else None)
+            taus = [default_tau(fitted, t, self.data.tau, lambda: self.encoder().tau if self.encoder_spec else None)
+                    for t in given]
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         kwargs["model_params"] = _model_params(fitted, components, o["rank"], o["params"]) or None
-        _echo(protocol(self.data, *args, tau=tau, seed=o["seed"], n_boot=o["n_boot"], out_dir=o["out_dir"],
-                       progress=o["progress"], **{k: v for k, v in kwargs.items() if v is not None}))
+        run = protocol if len(taus) == 1 else functools.partial(P.sweep_tau, protocol)
+        _echo(run(self.data, *args, tau=taus[0] if len(taus) == 1 else taus, seed=o["seed"], n_boot=o["n_boot"],
+                  out_dir=o["out_dir"], progress=o["progress"], metric=o["metric"],
+                  **{k: v for k, v in kwargs.items() if v is not None}))
 
 
 def _threads(threads: int | None) -> None:
@@ -165,6 +212,10 @@ def _threads(threads: int | None) -> None:
 
 
 def _echo(res: Any) -> None:
+    for setting in sorted(set(res.config.get("settings", {}).values())):
+        click.echo(f"setting: {setting}")
+    if res.config.get("metric", "auprc") != "auprc":
+        click.echo(f"metric: {res.config['metric']} (in place of AUPRC)")
     for v in res.config.get("verdicts", []):
         click.echo(v)
     click.echo(f"{res.protocol}: {res.seconds:.1f} s; wrote " + ", ".join(str(p) for p in res.paths.values()))
@@ -195,6 +246,22 @@ _RUN = _options(
                  help="Torch threads (1 avoids slow small LAPACK calls on a busy machine)."))
 
 
+def _positive(ctx: click.Context, param: click.Parameter, value: list | None) -> list | None:
+    if value and any(not v > 0 or v == float("inf") for v in value):
+        raise click.BadParameter(f"temperatures must be finite and > 0, got {value}", ctx, param)
+    return value
+
+
+def _metric(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from ..metrics import get_metric
+
+    try:
+        get_metric(value.strip().lower())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+    return value.strip().lower()
+
+
 def _common(sweep_components: bool = False) -> Callable:
     """The model options, the data options and :data:`_RUN`."""
     components = [click.option("--components", "n_components", type=_List(int),
@@ -209,8 +276,12 @@ def _common(sweep_components: bool = False) -> Callable:
         click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
                      help="Further model parameter for every model of the run that takes KEY, or "
                           "MODEL.KEY=VALUE for one model, e.g. reg_covar=1e-4 (repeatable)."),
-        click.option("--tau", type=click.FloatRange(min=0, min_open=True),
-                     help="Temperature (default: the collection's, else the encoder's)."),
+        click.option("--tau", type=_List(float), callback=_positive,
+                     help="Temperature (default: the collection's, else the encoder's); a list τ,τ,... sweeps "
+                          "it in one run (column tau)."),
+        click.option("--metric", callback=_metric, metavar="NAME", default="auprc", show_default=True,
+                     help="Per-query score: auprc, r_precision, map@r, mrr, recall@K, precision@K, ndcg@K, "
+                          "ndcg_exp@K, mrr@K (anchordiv.metrics.get_metric)."),
         click.option("--encoder", metavar="SPEC", help="Encoder of text anchors (default: the collection's)."),
         click.option("--device", help="Torch device of the encoder."),
         click.option("--split-column", metavar="COLUMN",
@@ -328,23 +399,51 @@ def components(references, n_components, n_draws, **o):
 
 
 @_command("table", "Per-label AUPRC differences against cosine and ITI (Tables 2, 3).",
-          "anchordiv eval table coll/ --anchors anchors.yaml:breeds --factor breed --per-value --out results/table",
-          "one per label of the table, each with its --factor")
+          "anchordiv eval table coll/ --anchors findings.yaml --factor findings --multilabel \\\n"
+          "      --tau 0.01,0.05 --out results/table",
+          "one per label of the table, each with its --factor (with --multilabel: any number of files, "
+          "FILE:SET=LABEL maps a set to a label)")
 @_geometries("--model", ANCHOR_MODELS, P.table, "models")
 @_geometries("--baseline", BASELINES, P.table, "baselines")
+@click.option("--multilabel", is_flag=True,
+              help="The one --factor holds several labels per item; each anchor set is a row for the label "
+                   "matching its name (ignoring case, spaces, underscores) or named by FILE:SET=LABEL.")
+@click.option("--label-sep", default="|", show_default=True, metavar="SEP",
+              help="Separator of the labels in a --multilabel text cell (parquet lists need none).")
 @click.option("--per-value", is_flag=True, help="One row per value of each factor.")
 @click.option("--values", metavar="V,...", help="Only these values of each factor (e.g. 1), read as --param values.")
+@click.option("--all-queries", is_flag=True,
+              help="Every item a query, relevance 'same value' (default for 0/1 and multi-label factors: the "
+                   "per-label setting, queries = the items carrying the label).")
 @_draws("anchor draws per label (default 1)")
 @_fraction(1.0)
 @_common()
-def table(models, baselines, per_value, values, n_draws, anchor_fraction, **o):
-    """Per-label AUPRC differences against cosine and ITI; paper Tables 2 and 3."""
+def table(models, baselines, multilabel, per_value, values, all_queries, n_draws, anchor_fraction, **o):
+    """Per-label AUPRC differences against cosine and ITI; paper Tables 2 and 3.
+
+    For a 0/1 or multi-label factor each row asks the paper's question: the queries are
+    the items carrying the label, the relevant keys the other items carrying it. The
+    command prints the setting it runs.
+    """
     from .._cli_values import parse_params as _parse_params
 
-    inp = _Inputs(o)
+    if sum([bool(per_value), bool(values), all_queries]) > 1:
+        raise click.UsageError("give one of --per-value, --values and --all-queries")
+    if multilabel and len(o["factors"]) != 1:
+        raise click.UsageError(f"--multilabel takes exactly one --factor (the multi-label column), got "
+                               f"{len(o['factors'])}")
+    inp = _Inputs({**o, "multilabel": multilabel})
+    setting = False if all_queries else (True if per_value else None)
     if values:
-        per_value = list(_parse_params([f"{i}={v}" for i, v in enumerate(values.split(",")) if v.strip()]).values())
-    inp.run(P.table, inp.sets(1, None), models=models, baselines=baselines, per_value=per_value, n_draws=n_draws,
+        setting = list(_parse_params([f"{i}={v}" for i, v in enumerate(values.split(",")) if v.strip()]).values())
+    entries = inp.label_entries() if multilabel else inp.sets(1, None)
+    if multilabel:
+        labels = inp.data.label_names(o["factors"][0])
+        missing = sorted(set(labels) - {inp.data.resolve_factor(f, n, "--anchors")[1].partition("=")[2]
+                                        for n, _, f in entries})
+        if missing:
+            click.echo(f"labels without an anchor set (not in the table): {', '.join(missing)}")
+    inp.run(P.table, entries, models=models, baselines=baselines, per_value=setting, n_draws=n_draws,
             anchor_fraction=anchor_fraction)
 
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -33,7 +35,7 @@ from .._util import positive_int
 from .._util import EmbeddingRows
 from ..anchors import AnchorSet
 from ..models import default_tau, model_names, registry
-from ..metrics import mean_average_precision
+from ..metrics import get_metric
 from ..exact import distance_matrix
 
 __all__ = [
@@ -47,6 +49,10 @@ __all__ = [
     "fit_score",
     "score",
     "mean_auprc",
+    "multilabel_cells",
+    "match_labels",
+    "positive_value",
+    "metric_scope",
 ]
 
 #: Anchor-distribution models by registry name (they take a temperature).
@@ -109,6 +115,10 @@ class EvalData(EmbeddingRows):
         Temperature of the encoder, used when a protocol is given none.
     name : str
         Shown in the output files.
+    multilabels : dict of str to numpy.ndarray
+        Multi-label factors: one tuple of labels per row (:func:`multilabel_cells`).
+        A label ``L`` of factor ``f`` is scored as the 0/1 factor ``"f=L"``
+        (:meth:`flag_factor`).
     """
 
     embeddings: np.ndarray
@@ -117,10 +127,12 @@ class EvalData(EmbeddingRows):
     keys: np.ndarray
     tau: float | None = None
     name: str = "collection"
+    multilabels: dict = field(default_factory=dict)
 
     @classmethod
     def create(cls, embeddings: Any, labels: Any, queries: Any = None, keys: Any = None,
-               tau: float | None = None, name: str = "collection") -> "EvalData":
+               tau: float | None = None, name: str = "collection", multilabel: Sequence[str] = (),
+               sep: str = "|") -> "EvalData":
         """Check and assemble an evaluation collection.
 
         Parameters
@@ -135,6 +147,11 @@ class EvalData(EmbeddingRows):
             Temperature of the encoder.
         name : str, optional
             Name of the collection.
+        multilabel : sequence of str, optional
+            Factors whose cells hold several labels: ``sep``-separated strings or lists
+            (:func:`multilabel_cells`).
+        sep : str, optional
+            Separator of the labels in a multi-label string cell.
 
         Returns
         -------
@@ -159,8 +176,20 @@ class EvalData(EmbeddingRows):
             labels = {str(c): labels[c].to_numpy() for c in labels.columns}
         if not isinstance(labels, Mapping) or not labels:
             raise ValueError("labels must be a non-empty mapping of factor name to one label per row.")
-        out = {}
+        multilabel = [multilabel] if isinstance(multilabel, str) else list(multilabel)
+        unknown = sorted(set(multilabel) - set(map(str, labels)))
+        if unknown:
+            raise ValueError(f"multilabel names {unknown}, which are not factors; the factors are "
+                             f"{sorted(map(str, labels))}.")
+        out, multi = {}, {}
         for key, value in labels.items():
+            if str(key) in multilabel:
+                cells = multilabel_cells(value, sep, name=f"labels {key!r}")
+                if cells.shape[0] != n:
+                    raise ValueError(f"labels {key!r} has {cells.shape[0]} entries but embeddings has {n} rows; "
+                                     "give one cell per row, in the same order.")
+                multi[str(key)] = cells
+                continue
             if hasattr(value, "detach"):
                 value = value.detach().cpu().numpy()
             arr = np.asarray(value)
@@ -180,11 +209,12 @@ class EvalData(EmbeddingRows):
             tau = float(tau)
             if not math.isfinite(tau) or tau <= 0:
                 raise ValueError(f"tau must be a finite number > 0, got {tau!r}.")
-        return cls(X, out, q, k, tau, str(name))
+        return cls(X, out, q, k, tau, str(name), multi)
 
     @classmethod
     def from_collection(cls, collection: Any, factors: Sequence[str] | None = None,
-                        split_column: str | None = None, name: str | None = None) -> "EvalData":
+                        split_column: str | None = None, name: str | None = None, multilabel: Sequence[str] = (),
+                        sep: str = "|") -> "EvalData":
         """An evaluation collection from an :class:`anchordiv.io.Collection`.
 
         Parameters
@@ -199,6 +229,8 @@ class EvalData(EmbeddingRows):
             (``"both"`` marks a row that is both). Without it every row is both.
         name : str, optional
             Name of the collection (default: its path).
+        multilabel, sep : optional
+            As in :meth:`create`.
 
         Returns
         -------
@@ -207,7 +239,7 @@ class EvalData(EmbeddingRows):
         meta = getattr(collection, "metadata", None)
         if meta is None:
             raise ValueError("the collection has no metadata, so no labels; add label columns to it.")
-        skip = {"caption", "text", "image_path", "id", split_column}
+        skip = {"caption", "text", "image_path", "id", split_column, getattr(collection, "item_column", None)}
         cols = list(factors) if factors else [c for c in meta.columns if c not in skip]
         missing = [c for c in cols if c not in meta.columns]
         if missing:
@@ -223,7 +255,8 @@ class EvalData(EmbeddingRows):
             keys = np.isin(split, ["key", "both"])
         return cls.create(collection.embeddings, {c: meta[c].to_numpy() for c in cols}, queries, keys,
                           tau=getattr(collection, "tau", None),
-                          name=name or str(getattr(collection, "path", None) or "collection"))
+                          name=name or str(getattr(collection, "path", None) or "collection"),
+                          multilabel=multilabel, sep=sep)
 
 
     @property
@@ -234,22 +267,136 @@ class EvalData(EmbeddingRows):
     def check_factor(self, factor: str) -> str:
         """``factor`` if it is a label of this collection, else a ``ValueError`` naming the choices."""
         if factor not in self.labels:
-            raise ValueError(f"unknown factor {factor!r}; this collection has {sorted(self.labels)}.")
+            raise ValueError(f"unknown factor {factor!r}; this collection has {sorted(self.labels)}"
+                             + (f" and the multi-label factors {sorted(self.multilabels)}" if self.multilabels
+                                else "") + ".")
         return factor
+
+    def label_names(self, factor: str) -> list[str]:
+        """The labels of multi-label factor ``factor``, sorted."""
+        if factor not in self.multilabels:
+            raise ValueError(f"{factor!r} is not a multi-label factor; the multi-label factors are "
+                             f"{sorted(self.multilabels)} (pass multilabel=[{factor!r}] when creating the data).")
+        return sorted({label for cell in self.multilabels[factor] for label in cell})
+
+    def flag_factor(self, factor: str, label: str) -> tuple["EvalData", str]:
+        """A copy with the 0/1 factor ``"factor=label"`` (the rows carrying ``label``) and its name.
+
+        Scored in the per-label setting (:func:`positive_value`), its queries are the
+        items carrying the label and the relevant keys are the other items carrying it.
+        """
+        if label not in self.label_names(factor):
+            raise ValueError(f"{factor!r} has no label {label!r}; its labels are {self.label_names(factor)}.")
+        name = f"{factor}={label}"
+        flags = np.fromiter((label in cell for cell in self.multilabels[factor]), bool, len(self))
+        return replace(self, labels={**self.labels, name: flags}), name
+
+    def resolve_factor(self, factor: str, set_name: str, what: str = "factor") -> tuple["EvalData", str]:
+        """``(data, factor)`` of an entry: a factor as it is; a multi-label factor ``f`` becomes
+        ``"f=L"`` for the label ``L`` matching ``set_name`` (:func:`match_labels`), and
+        ``"f=L"`` picks label ``L`` explicitly (matched the same way)."""
+        if factor in self.labels:
+            return self, factor
+        base, eq, label = factor.partition("=")
+        if base in self.multilabels:
+            want = label if eq else set_name
+            found = match_labels([want], self.label_names(base), arg=what).get(want)
+            if found is None:
+                raise ValueError(f"{what}: no label of {base!r} matches {want!r} (ignoring case, spaces and "
+                                 f"underscores); its labels are {self.label_names(base)}. Map it explicitly "
+                                 f"with {base}=LABEL (CLI: --anchors FILE:SET=LABEL).")
+            return self.flag_factor(base, found)
+        return self, self.check_factor(factor)
 
     def subsample_queries(self, n: int, seed: int = 0) -> "EvalData":
         """A copy with at most ``n`` queries drawn uniformly without replacement (seeded)."""
         if positive_int(n, "n") >= self.queries.size:
             return self
         pick = np.sort(np.random.default_rng(seed).choice(self.queries.size, size=int(n), replace=False))
-        return EvalData(self.embeddings, self.labels, self.queries[pick], self.keys, self.tau, self.name)
+        return replace(self, queries=self.queries[pick])
 
     def describe(self) -> str:
         """One line: rows, dimension, queries, keys and factors."""
         mode = "queries = keys, self excluded" if self.queries_are_keys else "query/key split"
         return (f"{self.name}: {len(self)} items, d = {self.dim}, {self.queries.size} queries, "
                 f"{self.keys.size} keys ({mode}); factors: "
-                + ", ".join(f"{f} ({np.unique(v).size} values)" for f, v in self.labels.items()))
+                + ", ".join([f"{f} ({np.unique(v).size} values)" for f, v in self.labels.items()
+                             if f.partition("=")[0] not in self.multilabels]
+                            + [f"{f} ({len(self.label_names(f))} labels, multi-label)" for f in self.multilabels]))
+
+
+def multilabel_cells(values: Any, sep: str = "|", name: str = "labels") -> np.ndarray:
+    """One tuple of labels per row: ``sep``-separated strings (CSV) or lists (parquet).
+
+    Labels are stripped; an empty or missing cell has no label.
+    """
+    if not isinstance(sep, str) or not sep:
+        raise ValueError(f"sep must be a non-empty string, got {sep!r}; e.g. '|'.")
+    out = np.empty(len(values), dtype=object)
+    for i, cell in enumerate(values):
+        if isinstance(cell, str):
+            parts = cell.split(sep)
+        elif cell is None or (isinstance(cell, float) and math.isnan(cell)):
+            parts = []
+        elif isinstance(cell, (list, tuple, set, frozenset, np.ndarray)):
+            parts = [str(x) for x in cell]
+        else:
+            raise ValueError(f"{name}: row {i} holds {cell!r}; a multi-label cell is a {sep!r}-separated string "
+                             "or a list of labels.")
+        out[i] = tuple(sorted({p.strip() for p in parts if p.strip()}))
+    return out
+
+
+def _label_key(name: str) -> str:
+    return "".join(ch for ch in str(name).casefold() if ch not in " _")
+
+
+def match_labels(names: Sequence[str], labels: Sequence[str], mapping: Mapping[str, str] | None = None,
+                 arg: str = "names") -> dict[str, str]:
+    """``{name: label}`` pairing each of ``names`` with the label equal to it ignoring case,
+    spaces and underscores, or as ``mapping`` says; names without a match are left out.
+
+    Raises ValueError when a mapping targets an unknown label or a name matches two labels.
+    """
+    by_key: dict[str, list[str]] = {}
+    for label in labels:
+        by_key.setdefault(_label_key(label), []).append(label)
+    out = {}
+    for name in names:
+        if mapping and name in mapping:
+            target = mapping[name]
+            found = target if target in labels else (by_key.get(_label_key(target)) or [None])[0]
+            if found is None:
+                raise ValueError(f"{arg}: {name!r} is mapped to {target!r}, which is not a label; the labels are "
+                                 f"{sorted(labels)}.")
+            out[name] = found
+            continue
+        hits = by_key.get(_label_key(name), [])
+        if len(hits) > 1:
+            raise ValueError(f"{arg}: {name!r} matches the labels {hits}; map it to one explicitly.")
+        if hits:
+            out[name] = hits[0]
+    return out
+
+
+def positive_value(values: Any) -> Any:
+    """The positive value of a 0/1 factor (True, 1, "1", "true", "yes" beside their negatives), else None.
+
+    The per-label setting of the paper's Tables 2 and 3 scores a 0/1 factor on the queries
+    with the positive value, relevance being "also positive".
+    """
+    uniq = np.unique(np.asarray(values))
+    if uniq.size == 0 or uniq.size > 2:
+        return None
+    if uniq.dtype == bool:
+        return True if True in uniq.tolist() else None
+    if np.issubdtype(uniq.dtype, np.number):
+        return uniq[uniq == 1][0] if set(uniq.tolist()) <= {0, 1} and (uniq == 1).any() else None
+    text = {str(v).strip().lower(): v for v in uniq.tolist()}
+    for neg, pos in (("0", "1"), ("false", "true"), ("no", "yes")):
+        if set(text) <= {neg, pos} and pos in text:
+            return text[pos]
+    return None
 
 
 def check_anchor_set(anchors: Any, data: EvalData, name: str) -> AnchorSet:
@@ -268,18 +415,36 @@ def check_anchor_set(anchors: Any, data: EvalData, name: str) -> AnchorSet:
     return anchors
 
 
-def check_entries(entries: Any, data: EvalData, what: str) -> list[tuple[str, AnchorSet, str]]:
-    """``[(name, AnchorSet, factor)]`` from a mapping name → (anchors, factor) or a list of triples."""
+def _entry_items(entries: Any, what: str) -> list[tuple]:
     items = [(k, *v) for k, v in entries.items()] if isinstance(entries, Mapping) else list(entries or [])
     if not items:
         raise ValueError(f"{what} is empty; give at least one (name, anchors, factor).")
-    out = []
     for item in items:
         if len(item) != 3:
             raise ValueError(f"each {what} entry must be (name, anchors, factor), got {item!r}.")
-        name, anchors, factor = item
-        out.append((str(name), check_anchor_set(anchors, data, f"{what}[{name!r}]"), data.check_factor(factor)))
+    return items
+
+
+def check_entries(entries: Any, data: EvalData, what: str) -> list[tuple[str, AnchorSet, str]]:
+    """``[(name, AnchorSet, factor)]`` from a mapping name → (anchors, factor) or a list of triples."""
+    out = [(str(name), check_anchor_set(anchors, data, f"{what}[{name!r}]"), data.check_factor(factor))
+           for name, anchors, factor in _entry_items(entries, what)]
+    names = [n for n, _, _ in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{what} names {dup} more than once; give each entry its own name.")
     return out
+
+
+def resolve_entries(entries: Any, data: EvalData, what: str) -> tuple[EvalData, list[tuple[str, AnchorSet, str]]]:
+    """:func:`check_entries` where a factor may also be a multi-label factor ``f`` (the label
+    matching the entry's name) or ``"f=LABEL"`` (:meth:`EvalData.resolve_factor`); returns the
+    data with the 0/1 factors of those labels and the entries naming them."""
+    resolved = []
+    for name, anchors, factor in _entry_items(entries, what):
+        data, f = data.resolve_factor(str(factor), str(name), f"{what}[{str(name)!r}]")
+        resolved.append((name, anchors, f))
+    return data, check_entries(resolved, data, what)
 
 
 # --------------------------------------------------------------------- geometries
@@ -382,8 +547,8 @@ def _merge_noise_ties(D: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 
 def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.ndarray | None = None,
-          memory_budget: int = SCORE_MEMORY_BUDGET) -> dict[str, np.ndarray]:
-    """Per-query average precision of a fitted geometry on each factor.
+          memory_budget: int = SCORE_MEMORY_BUDGET, metric: str | None = None) -> dict[str, np.ndarray]:
+    """Per-query average precision (or ``metric``) of a fitted geometry on each factor.
 
     Parameters
     ----------
@@ -398,11 +563,14 @@ def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.nda
         Row indices of the queries (default: ``data.queries``).
     memory_budget : int, optional
         Bytes of the float64 query-key distances held at once.
+    metric : str, optional
+        A name of :func:`anchordiv.metrics.get_metric` (``"recall@10"``, ``"ndcg@10"``,
+        ...); default the one of :func:`metric_scope`, ``"auprc"`` outside one.
 
     Returns
     -------
     dict of str to numpy.ndarray
-        For each factor, one AP per query (NaN for a query without a relevant key).
+        For each factor, one value per query (NaN for a query without a relevant key).
 
     Notes
     -----
@@ -415,6 +583,7 @@ def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.nda
     without that key (an irrelevant item ranked after every relevant one adds nothing).
     """
     factors = [data.check_factor(f) for f in factors]
+    per_query = get_metric(metric or current_metric())
     q_idx = data.queries if queries is None else np.asarray(queries)
     k_idx = data.keys
     X = data.embeddings
@@ -434,7 +603,7 @@ def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.nda
             lab = data.labels[f]
             rel = lab[rows][:, None] == lab[k_idx][None, :]
             rel[own, self_cols[own]] = False
-            out[f][start:start + step] = mean_average_precision(D, rel).per_query
+            out[f][start:start + step] = per_query(D, rel)
     return out
 
 
@@ -480,15 +649,41 @@ def progress_bar(total: int, desc: str, progress: bool | None):
     return bar(total=total, desc=desc, show=progress)
 
 
+_METRIC: ContextVar[str] = ContextVar("anchordiv_eval_metric", default="auprc")
+
+
+def current_metric() -> str:
+    """The per-query metric of the protocol running now (``"auprc"`` by default)."""
+    return _METRIC.get()
+
+
+@contextmanager
+def metric_scope(metric: str | None):
+    """Score with ``metric`` (a :func:`anchordiv.metrics.get_metric` name) inside the block."""
+    if metric is None:
+        yield current_metric()
+        return
+    name = str(metric).strip().lower()
+    get_metric(name)  # a ValueError names the choices
+    token = _METRIC.set(name)
+    try:
+        yield name
+    finally:
+        _METRIC.reset(token)
+
+
 def honours_progress(protocol):
-    """Run ``protocol`` so that ``progress=False`` silences every bar it opens, nested ones included."""
+    """Run ``protocol`` so that ``progress=False`` silences every bar it opens, nested ones included,
+    and ``metric=NAME`` (a :func:`anchordiv.metrics.get_metric` name, default ``"auprc"``)
+    replaces AP as the per-query score everywhere in it; the result's value columns are then named
+    after the metric."""
     import functools
 
     from .._progress import progress_scope
 
     @functools.wraps(protocol)
-    def run(*args, **kwargs):
-        with progress_scope(kwargs.get("progress")):
+    def run(*args, metric: str | None = None, **kwargs):
+        with progress_scope(kwargs.get("progress")), metric_scope(metric):
             return protocol(*args, **kwargs)
 
     return run
@@ -549,9 +744,12 @@ def run_config(protocol: str, data: EvalData | None, seconds: float, verdicts: S
     """The ``<protocol>.json`` record: parameters, wall time, package versions, the collection's sizes, verdicts."""
     cfg = {"protocol": protocol, **params, "seconds": round(seconds, 3), "environment": environment()}
     if data is not None:
+        cfg["metric"] = current_metric()
         cfg["data"] = {"name": data.name, "n_items": len(data), "dim": data.dim, "n_queries": int(data.queries.size),
                        "n_keys": int(data.keys.size), "queries_are_keys": data.queries_are_keys,
-                       "factors": {f: int(np.unique(v).size) for f, v in data.labels.items()}}
+                       "factors": {f: int(np.unique(v).size) for f, v in data.labels.items()},
+                       **({"multilabel_factors": {f: len(data.label_names(f)) for f in data.multilabels}}
+                          if data.multilabels else {})}
     cfg["verdicts"] = list(verdicts)
     return cfg
 

@@ -24,6 +24,7 @@ With ``out_dir`` it writes ``<protocol>.csv``, ``_summary.csv``, ``_effects.csv`
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
@@ -49,7 +50,9 @@ from .core import (
     draw_seed,
     fit_score,
     honours_progress,
+    positive_value,
     progress_bar,
+    resolve_entries,
     resolve_tau,
     run_config,
     score,
@@ -78,7 +81,8 @@ from .report import (
     write_outputs,
 )
 
-__all__ = ["coordinate", "budget", "adaptation", "components", "table", "runtime", "PROTOCOLS", "run_protocol"]
+__all__ = ["coordinate", "budget", "adaptation", "components", "table", "table_setting", "runtime", "sweep_tau",
+           "PROTOCOLS", "run_protocol"]
 
 #: Columns of every summary after the condition columns.
 STATS = ["auprc", "ci_low", "ci_high", "n_draws", "n_queries"]
@@ -90,10 +94,14 @@ _DIFF = ("difference [95 %]", lambda e: ci_text(e, signed=True))
 def _result(name: str, obs: pd.DataFrame, rows: pd.DataFrame, summary: list, by: Sequence[str], effects: list,
             effect_columns: Sequence[str], config: dict, seconds: float, report: Report, out_dir: Any,
             data: EvalData) -> ProtocolResult:
-    """The frames of a protocol run, written to ``out_dir``."""
+    """The frames of a protocol run, written to ``out_dir``; the value column is named after the metric."""
     res = ProtocolResult(name, obs, rows, tidy(summary, [*by, *STATS]), tidy(effects, effect_columns), config,
                          seconds=seconds)
-    return write_outputs(res, report, out_dir, data.describe())
+    res = write_outputs(res, report, out_dir, data.describe())
+    metric = config.get("metric", "auprc")
+    if metric != "auprc":
+        res.rows, res.summary = (f.rename(columns={"auprc": metric}) for f in (res.rows, res.summary))
+    return res
 
 
 def _budgets(budgets: Sequence[int] | None, n: int, what: str) -> list[int]:
@@ -106,7 +114,7 @@ def _budgets(budgets: Sequence[int] | None, n: int, what: str) -> list[int]:
 
 
 def _fit_models(obs: Observations, bar: Any, names: Sequence[str], anchors: AnchorSet | None, data: EvalData,
-                on: str, tau: float | None, params: Mapping | None, seed: int, **condition: Any) -> None:
+                on: str, tau: float | None, params: Mapping | None, seed: int, /, **condition: Any) -> None:
     """Fit and score each geometry of ``names`` on ``anchors`` by factor ``on``; one observation
     block per geometry that could be fitted, with ``model`` and ``condition``."""
     for m in names:
@@ -700,20 +708,49 @@ def _class(diff: float) -> str:
     return "nan" if math.isnan(diff) else "better" if diff > TIE else "worse" if diff < -TIE else "tie"
 
 
+def table_setting(data: EvalData, factor: str, per_value: bool | Sequence[Any] | None) -> tuple[list | None, str]:
+    """The values of ``factor`` whose queries make the rows of :func:`table` (None: all queries), and a
+    sentence saying which question that asks.
+
+    ``per_value=None`` is the paper's per-label setting for a 0/1 factor (:func:`positive_value`):
+    queries = the items with the positive value, relevant = the other items with it; for any
+    other factor it is False: every item a query, relevant = same value.
+    """
+    values = data.labels[factor]
+    if per_value is None:
+        pos = positive_value(values)
+        base, _, _ = factor.partition("=")
+        if pos is not None and base in data.multilabels:
+            return [pos], (f"per-label on multi-label {base}: queries = the items carrying the label, relevant = "
+                           "the other items carrying it")
+        if pos is not None:
+            return [pos], (f"per-label: queries = the items with {factor} = {pos}, relevant = the other items "
+                           f"with it")
+        per_value = False
+    if per_value is False:
+        return None, f"all items as queries, relevant = same value of {factor}"
+    chosen = np.unique(values[data.queries]).tolist() if per_value is True else list(per_value)
+    return chosen, (f"per value of {factor} ({', '.join(map(str, chosen))}): queries = the items with the value, "
+                    "relevant = the other items with it")
+
+
 @honours_progress
 def table(data: EvalData, entries: Any, *, models: Sequence[str] = ("softmax",),
-          baselines: Sequence[str] = BASELINES, per_value: bool | Sequence[Any] = False, n_draws: int = 1,
-          anchor_fraction: float = 1.0, tau: float | None = None,
+          baselines: Sequence[str] = BASELINES, per_value: bool | Sequence[Any] | None = None, n_draws: int = 1,
+          anchor_fraction: float = 1.0, tau: float | Sequence[float] | None = None,
           model_params: Mapping[str, Mapping[str, Any]] | None = None, out_dir: Any = None, seed: int = 0,
           n_boot: int = 1000, progress: bool | None = None) -> ProtocolResult:
     """Per-label AUPRC differences against cosine and ITI (paper Tables 2 and 3).
 
     Each entry is a label of the table: an anchor set and the factor it describes (one
-    pathology's report-style anchors in the paper). Every model and ITI are fitted on the
-    entry's anchors (``n_draws`` random draws keeping ``anchor_fraction`` of them, the
-    analogue of the paper's repeated anchor generations); cosine needs no anchors. The
-    per-query AP differences model − baseline are averaged with a bootstrap interval over
-    draws and queries (:func:`anchordiv.metrics.paired_difference`).
+    pathology's report-style anchors in the paper). The factor may be a multi-label
+    factor ``f`` of the data (the label matching the entry's name, ignoring case, spaces
+    and underscores) or ``"f=LABEL"`` (:meth:`EvalData.resolve_factor`). Every model and
+    ITI are fitted on the entry's anchors (``n_draws`` random draws keeping
+    ``anchor_fraction`` of them, the analogue of the paper's repeated anchor generations);
+    cosine needs no anchors. The per-query AP differences model − baseline are averaged
+    with a bootstrap interval over draws and queries
+    (:func:`anchordiv.metrics.paired_difference`).
 
     Parameters
     ----------
@@ -725,123 +762,151 @@ def table(data: EvalData, entries: Any, *, models: Sequence[str] = ("softmax",),
         Anchor models (Table 2: softmax; Table 3: the parametric models).
     baselines : sequence of str, optional
         ``cosine`` and/or ``iti``.
-    per_value : bool or sequence, optional
-        False: one row per entry, over all queries. True: one row per value of the
-        entry's factor, over the queries with that value (e.g. each class). A sequence:
-        only those values (``[1]`` for a binary pathology flag: queries that have the
-        finding, relevant keys that have it).
+    per_value : None, bool or sequence, optional
+        None (default): the per-label setting for a 0/1 or multi-label factor (queries =
+        the items carrying the label, relevant = the other items carrying it), else as
+        False (:func:`table_setting`). False: one row per entry, over all queries,
+        relevance "same value". True: one row per value of the entry's factor, over the
+        queries with that value. A sequence: only those values.
     n_draws : int, optional
         Anchor draws per entry.
     anchor_fraction : float, optional
         Fraction of the anchors kept per draw (1 keeps all).
-    tau, model_params, out_dir, seed, n_boot, progress
+    tau : float or sequence of float, optional
+        Temperature; a sequence sweeps it (one block of rows per τ, column ``tau``).
+    model_params, out_dir, seed, n_boot, progress
         As in :func:`coordinate`.
 
     Returns
     -------
     ProtocolResult
-        ``observations``: label, factor, model, draw, query, ap; ``rows``: mean AP over
-        all queries per label, model and draw; ``summary``: label, value, model, auprc
-        with interval; ``effects``: label, factor, value, model, baseline, diff,
-        ci_low, ci_high, the class of the difference (> 0.005, within ±0.005, < −0.005,
-        as in Table 2) and n_queries.
+        ``observations``: tau, label, factor, model, draw, query, ap; ``rows``: mean AP
+        per tau, label, factor, value, model and draw (their means are the summary);
+        ``summary``: tau, label, value, model, auprc with interval; ``effects``: tau,
+        label, factor, value, model, baseline, diff, ci_low, ci_high, the class of the
+        difference (> 0.005, within ±0.005, < −0.005, as in Table 2) and n_queries.
     """
     timer = Timer()
     seed = check_seed(seed)
     n_draws = positive_int(n_draws, "n_draws")
-    ents = check_entries(entries, data, "entries")
+    data, ents = resolve_entries(entries, data, "entries")
     models = check_models(models, ANCHOR_MODELS, "anchor model")
     baselines = check_models(baselines, BASELINES, "baseline")
     if not models or not baselines:
         raise ValueError("table needs at least one model and one baseline.")
-    tau = resolve_tau(tau, data, models)
+    given = [tau] if tau is None or np.ndim(tau) == 0 else list(tau)
+    if not given:
+        raise ValueError("tau is an empty list; give one temperature or several, e.g. [0.01, 0.05].")
+    taus = [resolve_tau(t, data, models) for t in given]
 
     obs = Observations()
     fitted = list(models) + [b for b in baselines if b != "cosine"]
-    bar = progress_bar(len(ents) * (n_draws * len(fitted) + ("cosine" in baselines)), "table", progress)
-    for name, A, f in ents:
-        _fit_models(obs, bar, [b for b in baselines if b == "cosine"], None, data, f, tau, model_params, seed,
-                    label=name, factor=f, draw=0)
-        for r in range(n_draws):
-            sub = subsample(A, anchor_fraction, draw_seed(seed, r)) if anchor_fraction != 1 else A
-            _fit_models(obs, bar, fitted, sub, data, f, tau, model_params, draw_seed(seed, 1, r), label=name,
-                        factor=f, draw=r)
+    bar = progress_bar(len(taus) * len(ents) * (n_draws * len(fitted) + ("cosine" in baselines)), "table", progress)
+    for t in taus:
+        for name, A, f in ents:
+            _fit_models(obs, bar, [b for b in baselines if b == "cosine"], None, data, f, t, model_params, seed,
+                        tau=t, label=name, factor=f, draw=0)
+            for r in range(n_draws):
+                sub = subsample(A, anchor_fraction, draw_seed(seed, r)) if anchor_fraction != 1 else A
+                _fit_models(obs, bar, fitted, sub, data, f, t, model_params, draw_seed(seed, 1, r), tau=t,
+                            label=name, factor=f, draw=r)
     bar.close()
-    keys = ["label", "factor", "model", "draw"]
+    keys = ["tau", "label", "factor", "model", "draw"]
     obs = obs.frame(keys)
-    rows = per_draw(obs, keys, [*keys, "auprc"])
 
     subsets: list[tuple[str, str, str, np.ndarray]] = []  # (label, factor, value, query mask)
+    settings = {}
     for name, A, f in ents:
         q_labels = data.labels[f][data.queries]
-        if per_value is False:
+        values, settings[name] = table_setting(data, f, per_value)
+        if values is None:
             subsets.append((name, f, "all", np.ones(data.queries.size, bool)))
             continue
-        for v in (np.unique(q_labels) if per_value is True else list(per_value)):
+        for v in values:
             mask = q_labels == v
             if not mask.any():
                 raise ValueError(f"no query has {f} = {v!r}; the values present are {np.unique(q_labels).tolist()}.")
             subsets.append((name, f, str(v), mask))
     order = {m: i for i, m in enumerate(list(models) + list(baselines))}
     parts = []
-    for name, f, v, mask in subsets:
-        part = obs[(obs["label"] == name).to_numpy() & np.isin(obs["query"].to_numpy(), data.queries[mask])]
-        parts.append(part.assign(value=v).sort_values("model", key=lambda s: s.map(order), kind="stable"))
-    by = ["label", "value", "model"]
+    for t in taus:
+        for name, f, v, mask in subsets:
+            part = obs[(obs["tau"] == t).to_numpy() & (obs["label"] == name).to_numpy()
+                       & np.isin(obs["query"].to_numpy(), data.queries[mask])]
+            parts.append(part.assign(value=v).sort_values("model", key=lambda s: s.map(order), kind="stable"))
     import pandas as pd
 
-    mats = groups(pd.concat(parts, ignore_index=True), by)
+    scored = pd.concat(parts, ignore_index=True)
+    rows = per_draw(scored, ["tau", "label", "factor", "value", "model", "draw"],
+                    ["tau", "label", "factor", "value", "model", "draw", "auprc"])
+    by = ["tau", "label", "value", "model"]
+    mats = groups(scored, by)
     summary = summarize(mats, by, n_boot, seed)
-    effects = paired_effects(mats, [({"label": name, "factor": f, "value": v, "model": m, "baseline": b},
-                                     (name, v, m), (name, v, b))
-                                    for name, f, v, _ in subsets for m in models for b in baselines], n_boot, seed)
+    effects = paired_effects(mats, [({"tau": t, "label": name, "factor": f, "value": v, "model": m, "baseline": b},
+                                     (t, name, v, m), (t, name, v, b))
+                                    for t in taus for name, f, v, _ in subsets for m in models for b in baselines],
+                             n_boot, seed)
     for e in effects:
-        e.update({"class": _class(e["diff"]), "n_queries": mats[(e["label"], e["value"], e["model"])].shape[1]})
+        e.update({"class": _class(e["diff"]), "n_queries": mats[(e["tau"], e["label"], e["value"], e["model"])].shape[1]})
     verdicts = []
-    for m in models:
-        for b in baselines:
-            es = [e for e in effects if e["model"] == m and e["baseline"] == b and e["class"] != "nan"]
-            if es:
-                n_cls = {c: sum(e["class"] == c for e in es) for c in ("better", "tie", "worse")}
-                verdicts.append(f"{m} − {b}: better on {n_cls['better']}, tie on {n_cls['tie']}, worse on "
-                                f"{n_cls['worse']} of {len(es)} rows; interval above 0 on "
-                                f"{sum(e['ci_low'] > 0 for e in es)}; mean difference "
-                                f"{float(np.mean([e['diff'] for e in es])):+.3f}")
+    for t in taus:
+        for m in models:
+            for b in baselines:
+                es = [e for e in effects if e["tau"] == t and e["model"] == m and e["baseline"] == b
+                      and e["class"] != "nan"]
+                if es:
+                    n_cls = {c: sum(e["class"] == c for e in es) for c in ("better", "tie", "worse")}
+                    verdicts.append((f"τ = {t:g}: " if len(taus) > 1 else "")
+                                    + f"{m} − {b}: better on {n_cls['better']}, tie on {n_cls['tie']}, worse on "
+                                    f"{n_cls['worse']} of {len(es)} rows; interval above 0 on "
+                                    f"{sum(e['ci_low'] > 0 for e in es)}; mean difference "
+                                    f"{float(np.mean([e['diff'] for e in es])):+.3f}")
     seconds = timer()
     config = run_config("table", data, seconds, verdicts, entries={n: {"n": len(A), "factor": f} for n, A, f in ents},
-                        models=models, baselines=baselines, per_value=per_value if isinstance(per_value, bool)
-                        else list(per_value), n_draws=n_draws, anchor_fraction=anchor_fraction, tau=tau,
+                        models=models, baselines=baselines, per_value=per_value if per_value is None or
+                        isinstance(per_value, bool) else list(per_value), settings=settings, n_draws=n_draws,
+                        anchor_fraction=anchor_fraction, tau=taus[0] if len(taus) == 1 else taus,
                         model_params=model_params or {}, seed=seed, n_boot=n_boot)
 
-    def cell(e):
-        txt = ci_text(e, signed=True)
-        return f"**{txt}**" if e["class"] == "better" else (f"_{txt}_ ↓" if e["class"] == "worse" else txt)
+    def cell(r):
+        if "baseline" not in r:
+            return ci_text(r)
+        txt = ci_text(r, signed=True)
+        return f"**{txt}**" if r["class"] == "better" else (f"_{txt}_ ↓" if r["class"] == "worse" else txt)
 
     pairs = [(m, b) for m in models for b in baselines]
-    legend = f"Bold: > +{TIE}; plain: within ±{TIE}; italic with ↓: < −{TIE} (the classes of Table 2)."
+    columns = ([(("diff", *p), f"{p[0]} − {p[1]}") for p in pairs]
+               + [(("abs", g), f"AUPRC {g}") for g in list(models) + list(baselines)])
+    row_keys = [((t, n, v), [f"{t:g}", n, v, int(mask.sum())]) for t in taus for n, _, v, mask in subsets]
+    legend = (f"Bold: > +{TIE}; plain: within ±{TIE}; italic with ↓: < −{TIE} (the classes of Table 2). "
+              "The AUPRC columns are each geometry's mean over the row's queries.")
     report = Report(
         "Per-label AUPRC differences against the reference geometries",
         "Label-specific anchors specialise retrieval beyond the reference geometries: anchor divergence minus "
         "cosine and minus ITI is positive for most labels (paper Tables 2 and 3).",
         {"entries": "; ".join(f"{n} ({len(A)} anchors → `{f}`)" for n, A, f in ents),
-         "temperature τ": tau, "draws": f"{n_draws} anchor draws keeping {anchor_fraction:g} of each set, seed {seed}",
+         "setting": "; ".join(sorted(set(settings.values()))),
+         "temperature τ": ", ".join(f"{t:g}" for t in taus),
+         "draws": f"{n_draws} anchor draws keeping {anchor_fraction:g} of each set, seed {seed}",
          "runtime": f"{seconds:.1f} s"},
         [("AUPRC difference [95 % interval]", legend + "\n\n" + pivot_table(
-            effects, [((n, v), [n, v, int(mask.sum())]) for n, _, v, mask in subsets],
-            [(p, f"{p[0]} − {p[1]}") for p in pairs], lambda e: (e["label"], e["value"]),
-            lambda e: (e["model"], e["baseline"]), cell, ["label", "value", "n queries"])),
+            effects + summary, row_keys, columns, lambda r: (r["tau"], r["label"], r["value"]),
+            lambda r: ("diff", r["model"], r["baseline"]) if "baseline" in r else ("abs", r["model"]), cell,
+            ["τ", "label", "value", "n queries"])),
          ("Verdict", bullets(verdicts)),
          ("AUPRC per label [95 % interval]", long_table(summary, [
-             ("label", "label"), ("value", "value"), ("model", "model"), ("AUPRC", ci_text)]))],
-        EffectPlot(rows=[(n, v) for n, _, v, _ in subsets],
-                   row_labels=[f"{n} · {v}" if v != "all" else n for n, _, v, _ in subsets],
-                   row_of=lambda e: (e["label"], e["value"]), series=pairs,
+             ("τ", lambda r: f"{r['tau']:g}"), ("label", "label"), ("value", "value"), ("model", "model"),
+             ("AUPRC", ci_text)]))],
+        EffectPlot(rows=[k for k, _ in row_keys],
+                   row_labels=[(f"τ {t:g} · " if len(taus) > 1 else "") + (f"{n} · {v}" if v != "all" else n)
+                               for t in taus for n, _, v, _ in subsets],
+                   row_of=lambda e: (e["tau"], e["label"], e["value"]), series=pairs,
                    series_of=lambda e: (e["model"], e["baseline"]), label=lambda s: f"{s[0]} − {s[1]}",
                    hollow=lambda s: s[1] != "cosine", xlabel="AUPRC difference (positive favours the anchor model)",
                    title="Per-label differences against the reference geometries",
-                   figsize=(9.0, max(4.8, 1.5 + 0.28 * len(subsets)))))
+                   figsize=(9.0, max(4.8, 1.5 + 0.28 * len(row_keys)))))
     return _result("table", obs, rows, summary, by, effects,
-                   ["label", "factor", "value", "model", "baseline", "diff", "ci_low", "ci_high", "class",
+                   ["tau", "label", "factor", "value", "model", "baseline", "diff", "ci_low", "ci_high", "class",
                     "n_queries"], config, seconds, report, out_dir, data)
 
 
@@ -954,6 +1019,48 @@ def runtime(*, models: Sequence[str] = RUNTIME_MODELS, n_anchors: Sequence[int] 
                          tidy(effects, ["model", "n_small", "n_large", "seconds_small", "seconds_large", "growth",
                                         "fit_growth", "search_growth"]), config, seconds=seconds)
     return write_outputs(res, report, out_dir)
+
+
+# ============================================================================ τ sweeps
+def sweep_tau(protocol: Any, *args: Any, tau: Sequence[float], out_dir: Any = None, **kwargs: Any) -> ProtocolResult:
+    """Run ``protocol`` once per temperature of ``tau``: one result whose frames have a leading
+    ``tau`` column (:func:`table` sweeps τ itself, in one Markdown table).
+
+    With ``out_dir`` each run writes its own files to ``out_dir/tau=<τ>/``, and ``out_dir``
+    gets ``<protocol>.csv``, ``_summary.csv`` and ``_effects.csv`` over all of them, and a
+    ``<protocol>.md`` with each run's Markdown under its τ.
+    """
+    import pandas as pd
+
+    from .report import write_csv
+
+    taus = [float(t) for t in tau]
+    if not taus:
+        raise ValueError("tau is an empty list; give one temperature or several, e.g. [0.01, 0.05].")
+    if getattr(protocol, "__wrapped__", protocol) is getattr(table, "__wrapped__", table):
+        return table(*args, tau=taus, out_dir=out_dir, **kwargs)
+    out = None if out_dir is None else Path(out_dir)
+    runs = [protocol(*args, tau=t, out_dir=None if out is None else out / f"tau={t:g}", **kwargs) for t in taus]
+
+    def stack(attr: str) -> pd.DataFrame:
+        return pd.concat([getattr(r, attr).assign(tau=t)[["tau", *getattr(r, attr).columns]]
+                          for t, r in zip(taus, runs)], ignore_index=True)
+
+    first = runs[0]
+    config = {"protocol": first.protocol, "tau": taus, "metric": first.config.get("metric", "auprc"),
+              "runs": [r.config for r in runs],
+              "verdicts": [f"τ = {t:g}: {v}" for t, r in zip(taus, runs) for v in r.config.get("verdicts", [])]}
+    res = ProtocolResult(first.protocol, stack("observations"), stack("rows"), stack("summary"), stack("effects"),
+                         config, seconds=sum(r.seconds for r in runs))
+    if out is not None:
+        name = res.protocol
+        res.paths = {"csv": write_csv(out / f"{name}.csv", res.rows),
+                     "summary_csv": write_csv(out / f"{name}_summary.csv", res.summary),
+                     "effects_csv": write_csv(out / f"{name}_effects.csv", res.effects),
+                     "md": out / f"{name}.md"}
+        res.paths["md"].write_text("\n".join(f"# τ = {t:g}\n\n" + r.paths["md"].read_text(encoding="utf-8")
+                                             .replace("\n#", "\n##") for t, r in zip(taus, runs)), encoding="utf-8")
+    return res
 
 
 # ============================================================================= registry

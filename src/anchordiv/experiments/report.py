@@ -492,11 +492,14 @@ def write_outputs(result: ProtocolResult, report: Report, out_dir: str | os.Path
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = result.protocol
-    paths = {"csv": write_csv(out / f"{name}.csv", result.rows),
-             "summary_csv": write_csv(out / f"{name}_summary.csv", result.summary),
+    metric = result.config.get("metric", "auprc")
+    named = {"auprc": metric}  # the value column is named after the metric
+    paths = {"csv": write_csv(out / f"{name}.csv", result.rows.rename(columns=named)),
+             "summary_csv": write_csv(out / f"{name}_summary.csv", result.summary.rename(columns=named)),
              "effects_csv": write_csv(out / f"{name}_effects.csv", result.effects)}
     paths["md"] = out / f"{name}.md"
-    paths["md"].write_text(report.markdown(data_line), encoding="utf-8")
+    md = report.markdown(data_line)
+    paths["md"].write_text(md if metric == "auprc" else md.replace("AUPRC", metric), encoding="utf-8")
     if report.plot is not None:
         import matplotlib
 

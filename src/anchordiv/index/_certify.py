@@ -41,7 +41,7 @@ def list_radii(index, dims: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     rounded up by a relative 1e-6."""
     from faiss.contrib.inspect_tools import get_invlist
 
-    centroids = index.quantizer.reconstruct_n(0, index.nlist).astype(np.float64)
+    centroids = np.asarray(index.quantizer.reconstruct_n(0, index.nlist)).astype(np.float64)
     radii, part = np.zeros(index.nlist), np.zeros(index.nlist)
     for j in range(index.nlist):
         _, codes = get_invlist(index.invlists, j)

@@ -28,6 +28,12 @@ def default_nlist(n: int) -> int:
     return max(1, min(int(4 * math.sqrt(n)), n // 39))
 
 
+def _as_numpy(x) -> np.ndarray:
+    """A faiss result as numpy (``faiss.contrib.torch_utils``, once imported anywhere, makes some
+    methods return torch tensors)."""
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
 def _index_type(value) -> str:
     name = str(value).lower()
     if name not in INDEX_TYPES:
@@ -188,7 +194,7 @@ class FaissBackend(Backend):
         """(IVF centroids, list radii, largest stored key norm), computed once per set of keys."""
         if self._bounds is None:
             if self.params["index_type"] == "ivf":
-                centroids = self.index.quantizer.reconstruct_n(0, self.index.nlist).astype(np.float64)
+                centroids = _as_numpy(self.index.quantizer.reconstruct_n(0, self.index.nlist)).astype(np.float64)
                 # the ψ part alone for the augmented layout (its queries have no pad coordinate)
                 radii = _certify.list_radii(self.index, self.layout.feature_dim)
                 key_norm = (float((np.linalg.norm(centroids, axis=1) + radii[0]).max(initial=0.0))
@@ -197,7 +203,7 @@ class FaissBackend(Backend):
                 centroids, radii = np.zeros((0, self.layout.vector_dim)), (np.zeros(0), np.zeros(0))
                 key_norm = 0.0
                 for start in range(0, self.index.ntotal, 1 << 16):
-                    x = self.index.reconstruct_n(start, min(1 << 16, self.index.ntotal - start))
+                    x = _as_numpy(self.index.reconstruct_n(start, min(1 << 16, self.index.ntotal - start)))
                     key_norm = max(key_norm, float(np.linalg.norm(x.astype(np.float64), axis=1).max()))
             self._bounds = (centroids, radii, key_norm)
         return self._bounds

@@ -85,6 +85,14 @@ class Collection(EmbeddingRows):
 
 
     @property
+    def item_column(self) -> str | None:
+        """The metadata column holding the embedded items: the one ``collection.json`` names
+        (``embed --column``), else ``caption``, ``text`` or ``image_path``; None without one."""
+        cols = self.columns
+        named = (self.manifest or {}).get("item_column")
+        return next((c for c in [named, "caption", "text", "image_path"] if c and c in cols), None)
+
+    @property
     def columns(self) -> list[str]:
         """Metadata column names (empty when there is no metadata)."""
         return [] if self.metadata is None else [str(c) for c in self.metadata.columns]

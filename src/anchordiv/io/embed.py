@@ -154,10 +154,9 @@ def _sha256_frame(frame: "pd.DataFrame | None") -> str | None:
     return h.hexdigest()
 
 
-def _prepare_items(items: Any, labels: Any, kind: str) -> tuple[list[str], "pd.DataFrame | None"]:
+def _prepare_items(items: Any, labels: Any, kind: str, item_col: str) -> tuple[list[str], "pd.DataFrame | None"]:
     """Normalise ``items`` to a list of str and ``labels`` to a DataFrame (or None)."""
     pd = _pandas()
-    item_col = _ITEM_COLUMN[kind]
     frame_labels = None
     if isinstance(items, pd.DataFrame):
         if item_col not in items.columns:
@@ -322,6 +321,7 @@ def embed_collection(
     progress: bool = True,
     *,
     batch_size: int = 64,
+    item_column: str | None = None,
 ) -> EmbedResult:
     """Embed texts or images with an encoder and write a resumable sharded collection.
 
@@ -358,6 +358,10 @@ def embed_collection(
         when its method accepts that argument.
     batch_size : int, optional
         Items per encoder call.
+    item_column : str, optional
+        Name of the metadata column holding the items, and of the DataFrame column they
+        are read from (default ``caption`` for texts, ``image_path`` for images); a
+        collection records it as :attr:`~anchordiv.io.Collection.item_column`.
 
     Returns
     -------
@@ -387,7 +391,8 @@ def embed_collection(
     np_dtype = _check_dtype(dtype)
     shard_size = positive_int(shard_size, "shard_size")
     batch_size = positive_int(batch_size, "batch_size")
-    item_list, label_df = _prepare_items(items, labels, kind)
+    item_col = str(item_column) if item_column is not None else _ITEM_COLUMN[kind]
+    item_list, label_df = _prepare_items(items, labels, kind, item_col)
     enc_name, enc_dim, enc_tau = _encoder_info(encoder)
     method = "encode_text" if kind == "text" else "encode_images"
     if not callable(getattr(encoder, method, None)):
@@ -400,6 +405,7 @@ def embed_collection(
         "shard_size": shard_size, "n_items": n, "items_sha256": _sha256(item_list),
         "label_columns": None if label_df is None else list(label_df.columns),
         "labels_sha256": _sha256_frame(label_df),
+        **({"item_column": item_col} if item_col != _ITEM_COLUMN[kind] else {}),
     }
     out = Path(out_dir)
     manifest_path = out / MANIFEST_NAME
@@ -418,6 +424,7 @@ def embed_collection(
             "format": _FORMAT, "version": _FORMAT_VERSION, "kind": kind, "encoder": enc_name, "dim": enc_dim,
             "tau": enc_tau, "dtype": np_dtype.name, "n_items": n, "n_embedded": 0, "n_skipped": 0,
             "n_shards": n_shards, "complete": False, "shards": [], "skipped": [], "job": job,
+            **({"item_column": item_col} if item_col != _ITEM_COLUMN[kind] else {}),
         }
         out.mkdir(parents=True, exist_ok=True)
         _write_json(manifest_path, manifest)
@@ -463,7 +470,7 @@ def embed_collection(
                         img.close()
                 bar.update(len(idx))
             emb = np.concatenate(chunks) if chunks else np.zeros((0, dim or 0), dtype=np_dtype)
-            meta = pd.DataFrame({_ITEM_COLUMN[kind]: [item_list[j] for j in kept]})
+            meta = pd.DataFrame({item_col: [item_list[j] for j in kept]})
             if label_df is not None:
                 meta = pd.concat([meta, label_df.iloc[kept].reset_index(drop=True)], axis=1)
 

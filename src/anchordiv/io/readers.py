@@ -131,6 +131,7 @@ def read_texts(
     column: str | None = None,
     *,
     encoding: str = "utf-8",
+    keep_name: bool = False,
 ) -> "pd.DataFrame":
     """Read texts to embed from a text, CSV/TSV or parquet file.
 
@@ -145,11 +146,15 @@ def read_texts(
         ``"text"``, else the only string column.
     encoding : str, optional
         Encoding of text and CSV files.
+    keep_name : bool, optional
+        Keep the text column's name instead of renaming it ``caption`` (pass the name to
+        :func:`embed_collection` as ``item_column``).
 
     Returns
     -------
     pandas.DataFrame
-        Column ``caption`` with the texts; for tables, the other columns follow as label
+        Column ``caption`` (the text column's own name with ``keep_name``) with the texts,
+        first; for tables, the other columns follow as label
         columns. Rows whose text is missing or blank are dropped (with a warning for
         tables). In CSV/TSV files only empty cells are missing: "NA", "None", "null" and
         the like are kept as text.
@@ -191,7 +196,7 @@ def read_texts(
         column = _text_column(frame, p)
     if column not in frame.columns:
         raise ValueError(f"column {column!r} is not in {str(p)!r}; available columns: {[str(c) for c in frame.columns]}")
-    if column != "caption" and "caption" in frame.columns:
+    if column != "caption" and "caption" in frame.columns and not keep_name:
         raise ValueError(
             f"{str(p)!r} has a 'caption' column besides the text column {column!r}; "
             "rename one of them or pass column='caption'"
@@ -206,8 +211,9 @@ def read_texts(
         )
     frame = frame.loc[keep].reset_index(drop=True)
     frame[column] = frame[column].astype(str)
-    frame = frame.rename(columns={column: "caption"})
-    frame = frame[["caption"] + [c for c in frame.columns if c != "caption"]]
+    name = column if keep_name else "caption"
+    frame = frame.rename(columns={column: name})
+    frame = frame[[name] + [c for c in frame.columns if c != name]]
     if len(frame) == 0:
         raise ValueError(f"no texts found in {str(p)!r}")
     return frame

@@ -298,6 +298,7 @@ class AnchorModel(Geometry):
         self.tau_ = tau
         self.n_anchors_ = len(anchors)
         self.device_ = anchors.device
+        self.anchor_texts_ = list(anchors.texts) if anchors.texts else None
         return anchors
 
     def _end_fit(self, anchors: AnchorSet) -> "AnchorModel":
@@ -309,6 +310,19 @@ class AnchorModel(Geometry):
 
     def _fit(self, anchors: AnchorSet) -> None:
         raise NotImplementedError
+
+    def explain(self, X: Any, top: int = 5) -> Any:
+        """Each item's softmax over the fitted anchors: entropy, effective number, top anchors
+        (:func:`anchordiv.diagnostics.explain`). Needs the anchor measure (softmax); for another
+        model call ``anchordiv.diagnostics.explain(anchors, X, tau=model.tau_)``."""
+        from ..diagnostics import explain
+
+        self._check_fitted()
+        if getattr(self, "anchors_", None) is None:
+            raise ValueError(f"{type(self).__name__} keeps no anchors; call anchordiv.diagnostics.explain(anchors, X, "
+                             f"tau={self.tau_:g}) with the anchor set it was fitted on.")
+        return explain(self.anchors_, X, self.tau_, top=top, texts=self.anchor_texts_,
+                       log_weights=self.log_weights_)
 
     # ----------------------------------------------------- model-specific math
     def _natural_params(self, X: torch.Tensor) -> torch.Tensor:

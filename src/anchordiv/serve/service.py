@@ -137,7 +137,8 @@ class Service:
         self.meta = collection.metadata
         self.columns = [] if self.meta is None else [str(c) for c in self.meta.columns]
         self._values = {c: self.meta[c].tolist() for c in self.columns} if self.meta is not None else {}
-        self.item_column = next((c for c in ITEM_COLUMNS if c in self.columns), None)
+        self.item_column = getattr(collection, "item_column", None) or next(
+            (c for c in ITEM_COLUMNS if c in self.columns), None)
         self.has_images = collection.kind == "image" and "image_path" in self.columns
         self.label_columns = self._labels(label_columns)
         self.title = title or f"anchordiv · {os.path.basename(str(collection.path or 'collection'))}"
@@ -176,7 +177,7 @@ class Service:
             return ["label"]
         out = []
         for c in self.columns:
-            if c in NOT_LABELS:
+            if c in NOT_LABELS or c == self.item_column:
                 continue
             values = self._values[c]
             if len(set(map(str, values))) <= min(50, max(1, len(values) // 2)):
