@@ -117,3 +117,17 @@ def test_scanned_bound_and_slack():
     slack = _certify.rounding_slack(10, np.array([1.0, 2.0]))
     np.testing.assert_allclose(slack, 4 * 12 * 2.0 ** -24 * np.array([1.0, 4.0]))
     assert np.array_equal(_certify.certified(np.array([1.0, 1.0]), np.array([1.0 + 1e-3, 1.0]), slack), [True, False])
+
+
+def test_ivf_lists_are_sized_for_the_whole_streamed_batch(data):
+    """A batch streamed in small blocks trains ⌊4√n⌋-style lists for all of it, not for its first block."""
+    from anchordiv.index._faiss import default_nlist
+
+    A, G, _ = data
+    model = MODELS["softmax"](A)
+    index = ad.Index(model, "faiss", index_type="ivf", memory_budget=2**20)
+    index.add(G)
+    assert index._backend.nlist == default_nlist(len(G)) == 153
+    assert index._backend.index.ntotal == len(G) and len(index) == len(G)
+    d, i = index.search(G[:5], 1)
+    assert np.array_equal(i[:, 0], np.arange(5))

@@ -15,6 +15,9 @@ from . import _certify
 from ._layout import VectorLayout
 
 INDEX_TYPES = ("flat", "hnsw", "ivf")
+#: Training vectors per IVF list gathered from a streamed batch before the lists are trained
+#: (faiss asks for at least 39; k-means samples at most 256).
+TRAIN_PER_LIST = 64
 
 
 def import_faiss():
@@ -91,9 +94,12 @@ class FaissBackend(Backend):
         self.layout: VectorLayout | None = None
         self.nlist: int | None = None
         self._bounds: tuple | None = None  # centroids, (radii, radii of the ψ part), largest key norm
+        self._expected: int | None = None  # rows of the batch being streamed in (from reserve)
+        self._pending: list[torch.Tensor] = []  # its first blocks, held until the IVF lists are trained
 
     # ------------------------------------------------------------ building
-    def _new_index(self, vectors: np.ndarray):
+    def _new_index(self, vectors: np.ndarray, batch_rows: int | None = None):
+        """A trained, empty faiss index; IVF lists sized for ``batch_rows`` (default: the vectors)."""
         faiss, p, d = self.faiss, self.params, vectors.shape[1]
         if p["index_type"] == "flat":
             index = faiss.IndexFlatL2(d)
@@ -102,7 +108,7 @@ class FaissBackend(Backend):
             index.hnsw.efConstruction = p["ef_construction"]
         else:
             n = vectors.shape[0]
-            nlist = self.nlist or p["nlist"] or default_nlist(n)
+            nlist = self.nlist or p["nlist"] or default_nlist(batch_rows or n)
             if n < nlist:
                 raise ValueError(
                     f"The IVF index needs at least nlist={nlist} vectors to train on, but the first batch has {n}; "
@@ -117,12 +123,25 @@ class FaissBackend(Backend):
             self.nlist = nlist
         return index
 
+    def reserve(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
+        if self.index is None:
+            self._expected = rows
+
     def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
         self._bounds = None
+        if self.layout is None and self.params["index_type"] == "ivf" and self._expected:
+            # IVF lists are sized for the whole first batch and trained on enough of it, not on
+            # its first streamed block: hold blocks until TRAIN_PER_LIST vectors per list arrived
+            self._pending.append(psi)
+            have = sum(b.shape[0] for b in self._pending)
+            lists = self.params["nlist"] or default_nlist(self._expected)
+            if have < min(self._expected, TRAIN_PER_LIST * lists):
+                return
+            psi, self._pending = torch.cat(self._pending), []
         if self.layout is None:
             layout = VectorLayout.for_keys(self.euclidean, psi, self.params["norm_margin"], self.norm_bound)
             vectors = layout.keys(psi)
-            index = self._new_index(vectors)
+            index = self._new_index(vectors, self._expected)
             index.add(vectors)
             self.layout, self.index = layout, index
         elif self.layout.fits(psi):
