@@ -68,6 +68,19 @@ def test_smallest_k_breaks_ties_by_lower_index():
     assert i.tolist() == [[9, 1, 4, 7, 2, 10]]
 
 
+def test_tied_rows_are_resolved_a_few_at_a_time(tied, monkeypatch):
+    """Rows tied at the k-th place are resolved in row chunks of TIE_ROWS_BYTES (one row here):
+    the result equals the brute force with the whole batch at once."""
+    offsets, phi, psi, D = tied
+    whole = S.knn(offsets, phi, psi, 7)
+    monkeypatch.setattr(S, "TIE_ROWS_BYTES", 1)
+    d, i = S.knn(offsets, phi, psi, 7)
+    ref_d, ref_i = brute_topk(D, 7)
+    np.testing.assert_array_equal(i.numpy(), ref_i)
+    np.testing.assert_array_equal(d.numpy(), ref_d)
+    assert torch.equal(i, whole[1])
+
+
 def test_topk_heap_merges_blocks_in_index_order():
     heap = S.TopK(2, 3, torch.float64, torch.device("cpu"))
     heap.push(slice(0, 2), torch.tensor([[5.0, 1.0], [2.0, 2.0]]), torch.tensor([0, 1]))

@@ -41,6 +41,8 @@ SCORE_SHARE = 0.5
 FEATURE_TRANSIENT = 4
 #: Index of entries that are no result (an empty slot of a shortlist).
 NO_INDEX = torch.iinfo(torch.int64).max
+#: Bytes of the rows whose k-th value is tied that are resolved at once (their scores are copied).
+TIE_ROWS_BYTES = 8 * 2**20
 
 
 # ------------------------------------------------------------------ selection
@@ -71,8 +73,12 @@ def smallest_k(scores: torch.Tensor, index: torch.Tensor, k: int) -> tuple[torch
         rows = torch.nonzero(tied).flatten()
         # one index row shared by all rows and increasing (a block of keys): one linear pass
         increasing = shared is not None and (n < 2 or bool((shared[1:] > shared[:-1]).all()))
-        d, i = _resolve_ties(scores[rows], index[rows], top_vals[rows, k - 1], k, increasing)
-        vals[rows], idx[rows] = d, i
+        kth = top_vals[:, k - 1]
+        # a few tied rows at a time: the pass copies each row's scores once
+        step = max(1, TIE_ROWS_BYTES // max(1, n * (scores.element_size() + 9)))
+        for start in range(0, rows.numel(), step):
+            r = rows[start:start + step]
+            vals[r], idx[r] = _resolve_ties(scores[r], index[r], kth[r], k, increasing)
     return vals, idx
 
 
@@ -114,7 +120,10 @@ class TopK:
 
     def push(self, rows: slice, scores: torch.Tensor, index: torch.Tensor) -> None:
         """Merge ``scores`` (rows × m) with column indices ``index`` (m, or rows × m)."""
-        d, i = smallest_k(scores, index, min(self.k, scores.shape[1]))
+        self.push_selected(rows, *smallest_k(scores, index, min(self.k, scores.shape[1])))
+
+    def push_selected(self, rows: slice, d: torch.Tensor, i: torch.Tensor) -> None:
+        """Merge the k smallest of a block, already selected and ordered (``smallest_k``)."""
         if self.filled:
             d = torch.cat([self.distances[rows, :self.filled], d], 1)
             i = torch.cat([self.indices[rows, :self.filled], i], 1)
@@ -220,8 +229,11 @@ def knn(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[
     if exclude is not None and exclude.ndim == 1:
         exclude = exclude[:, None]
     q_rows, g_rows = block_shape(n_q, n_keys or MAX_KEY_BLOCK, D, phi.element_size(), k, memory_budget, keys_given)
+    if isinstance(keys, torch.Tensor) and keys.shape[0] <= g_rows and q_rows >= n_q and exclude is None:
+        return _knn_one_block(offsets, phi, keys, k)
     heap = TopK(n_q, k, phi.dtype, phi.device)
     buffer = torch.empty(q_rows * g_rows, dtype=phi.dtype, device=phi.device)
+    local = torch.arange(g_rows, device=phi.device)  # column index within a key block
     show = progress if progress is not None else float(n_q) * (n_keys or 0) * D > PROGRESS_WORK
     bar = progress_bar(total=n_keys, show=show, desc=desc, unit="key")
     k0 = 0
@@ -231,17 +243,27 @@ def knn(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[
             heap.distances, buffer = heap.distances.to(psi.dtype), buffer.to(psi.dtype)
         psi = psi.to(phi.dtype)
         m = psi.shape[0]
-        cols = torch.arange(k0, k0 + m, device=phi.device)
         for q0 in range(0, n_q, q_rows):
             rows = slice(q0, min(n_q, q0 + q_rows))
             scores = _scores(None, phi[rows], psi, buffer[:(rows.stop - q0) * m].view(-1, m))
             _exclude(scores, exclude, rows, k0)
-            heap.push(rows, scores, cols)
+            d, i = smallest_k(scores, local[:m], min(k, m))
+            heap.push_selected(rows, d, i + k0)
         heap.close_block(m)
         k0 += m
         bar.update(m)
     bar.close()
     return heap.result(offsets)
+
+
+def _knn_one_block(offsets: torch.Tensor, phi: torch.Tensor, psi: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`knn` when all keys and queries fit in one block: one GEMM, one selection."""
+    psi = psi.to(torch.promote_types(psi.dtype, phi.dtype))
+    offsets, phi = offsets.to(psi.dtype), phi.to(psi.dtype)
+    scores = torch.empty(phi.shape[0], psi.shape[0], dtype=phi.dtype, device=phi.device)
+    _scores(None, phi, psi, scores)
+    d, i = smallest_k(scores, torch.arange(psi.shape[0], device=phi.device), k)
+    return smallest_k(offsets[:, None] + d, i, k)
 
 
 def distance_matrix(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor], *,

@@ -119,8 +119,10 @@ class VectorLayout:
                 raise ValueError("Key norms exceed the bound M of the augmented layout; call grow() first.")
             norms = self._norms(psi)
             self.max_seen = max(float(norms.max()), self.max_seen or 0.0)
-            pad = (self.max_norm ** 2 - norms ** 2).clamp_min(0).sqrt()
-            out = torch.cat([psi.to(torch.float64), pad[:, None]], dim=1)
+            # written into one float32 array: no float64 copy of the block
+            out = torch.empty(psi.shape[0], psi.shape[1] + 1, dtype=torch.float32)
+            out[:, :-1] = psi.detach()
+            out[:, -1] = (self.max_norm ** 2 - norms ** 2).clamp_min(0).sqrt()
         return np.ascontiguousarray(out.detach().to(torch.float32).cpu().numpy())
 
     def unpack(self, vectors: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -67,6 +67,8 @@ class Gaussian(PosteriorMixin, EuclideanModel):
     covariance_ : torch.Tensor (d, d)
     covariance_sqrt_ : torch.Tensor (d, d)
         L with L Lᵀ = Σ; the Euclidean embedding is z = Lᵀλ / (τ√2).
+    embedding_map_ : torch.Tensor (d, d)
+        L / (τ√2), computed once at fit: z = λ · embedding_map_.
     prior_ : Gaussian
         The broad fit (adapted models only).
     posterior_ : NormalInverseWishart
@@ -132,6 +134,7 @@ class Gaussian(PosteriorMixin, EuclideanModel):
         self.mean_, self.covariance_ = mean, covariance
         values, vectors = symmetric_eigh(covariance)
         self.covariance_sqrt_ = vectors * values.clamp_min(0).sqrt()
+        self.embedding_map_ = self.covariance_sqrt_ / (self.tau_ * math.sqrt(2))
 
     def _embed(self, X: torch.Tensor) -> torch.Tensor:
-        return X @ self.covariance_sqrt_.to(X.dtype) / (self.tau_ * math.sqrt(2))
+        return X @ self.embedding_map_.to(X.dtype)
