@@ -80,3 +80,29 @@ def test_unresolvable_float32_falls_back_to_float64_with_a_warning(data):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a well-resolved case stays silent and in float32
         ad.Softmax(tau=0.05).fit(data["few"].astype(np.float32)).key_features(G)
+
+
+@pytest.mark.parametrize("tau,flat_agreement", [(0.05, 0.98), (0.01, 0.91)])
+def test_probability_features_are_balanced_for_float32_indexes(data, tau, flat_agreement):
+    """N ≤ d: the blocks a·p and log p / a keep key norms near √(2‖log p‖) instead of ‖log p‖,
+    within the analytic bound, so a float32 flat L2 index over them finds most of the float64
+    top-10 (unbalanced, 0.915 and 0.887 here). Its misses are near-duplicates whose divergence
+    (≈ 1e-6) is below the resolution of float32 squared distances of size ‖y‖² + M²."""
+    pytest.importorskip("faiss")
+    m = ad.Softmax(tau=tau).fit(data["few"].astype(np.float32))
+    assert m.feature_space_ == "probabilities"
+    G, Q = data["G"].astype(np.float32), data["Q"].astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        psi = np.asarray(m.key_features(G), dtype=np.float64)
+        logits = data["G"] @ data["few"].T / tau  # uniform weights: log P = logits − logsumexp
+        top = logits.max(1, keepdims=True)
+        logp = logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
+        a = m.feature_scale_
+        np.testing.assert_allclose(psi[:, :18], logp / a, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(psi[:, 18:36], np.exp(logp) * a, rtol=1e-5, atol=1e-6)
+        assert np.linalg.norm(psi, axis=1).max() <= m.key_norm_bound()
+        assert np.linalg.norm(psi, axis=1).max() < 0.5 * np.linalg.norm(logp, axis=1).max()
+        flat = ad.Index(m, "faiss", index_type="flat").add(G)
+        _, got = flat.search(Q, 10)
+    assert agreement(ad.Softmax(tau=tau).fit(data["few"]).pairwise(data["Q"], data["G"]), got) >= flat_agreement

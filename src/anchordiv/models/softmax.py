@@ -41,11 +41,13 @@ class Softmax(AnchorModel):
     Reference: Kannan, Park, Veitch (2026), §2, eq. 2.2 and App. F.4.
 
     With N ≤ d anchors the symmetric feature maps use the probabilities themselves,
-    d_sym(q, g) = ½ Σ_i (p_q,i − p_g,i)(log p_q,i − log p_g,i), i.e. o(q) = ½ Σ p_q log p_q,
-    φ(q) = ½[p_q, log p_q, 1], ψ(g) = [log p_g, p_g, −Σ p_g log p_g] (``feature_space_ =
-    "probabilities"``): 2N + 1 features computed from float64 log-probabilities, which keep
-    near one-hot softmaxes (few anchors, small τ) resolvable in float32, where differences of
-    ∇κ are not.
+    d_sym(q, g) = ½ Σ_i (p_q,i − p_g,i)(log p_q,i − log p_g,i) (``feature_space_ =
+    "probabilities"``): o(q) = ½ p_qᵀlog p_q, φ(q) = ½[a p_q, log p_q / a, 1],
+    ψ(g) = [log p_g / a, a p_g, −p_gᵀlog p_g]. These 2N + 1 features come from float64
+    log-probabilities, which keep near one-hot softmaxes (few anchors, small τ) resolvable
+    in float32, where differences of ∇κ are not. The scale a (``feature_scale_``, the square
+    root of the bound on ‖log p‖ over the bound 1 on ‖p‖) balances the two blocks, so that
+    the key norms, and the rounding of float32 L2 indexes built on them, stay small.
 
     Parameters
     ----------
@@ -60,6 +62,8 @@ class Softmax(AnchorModel):
         The anchors with positive weight (not copied).
     log_weights_ : torch.Tensor (N,)
         log w_i (float64).
+    feature_scale_ : float
+        a of the probability features (N ≤ d only).
     """
 
     def __init__(self, *, tau: float | None = None, logit_scale: float | None = None, anchor_batch_size: int = 1024):
@@ -82,18 +86,25 @@ class Softmax(AnchorModel):
         # N ≤ d: the probability form below is both smaller (2N + 1 ≤ 2d + 1) and better
         # conditioned; otherwise the centred λ-unit form of AnchorModel.
         self.feature_space_ = "probabilities" if len(anchors) <= anchors.dim else "embedding"
+        if self.feature_space_ == "probabilities":
+            self.feature_scale_ = math.sqrt(self._log_prob_bound())
+
+    def _log_prob_bound(self) -> float:
+        """A bound on ‖log p‖ for unit-norm inputs: |log p_i| ≤ 2GR/τ − log w_i (G = max‖γ‖,
+        R the input norm)."""
+        B = 2 * self._grad_norm_bound() * self.INPUT_NORM / self.tau_ - self.log_weights_.to(torch.float64)
+        return float(B.norm())
 
     def _grad_norm_bound(self) -> float:
         return float(self.anchors_.norm(dim=1).max())  # ∇κ lies in the anchors' convex hull
 
     def key_norm_bound(self, symmetric: bool = True) -> float | None:
-        """Probability features: |log p_i| ≤ 2GR/τ − log w_i (G = max‖γ‖, R the input norm),
-        ‖p‖ ≤ 1 and 0 ≤ −Σ p log p ≤ log N."""
+        """Probability features: ‖log p‖ ≤ L (:meth:`_log_prob_bound`), ‖p‖ ≤ 1 and
+        0 ≤ −pᵀlog p ≤ log N, so ‖ψ‖² ≤ L²/a² + a² + (log N)² = 2L + (log N)²."""
         if not symmetric or self.feature_space_ != "probabilities":
             return super().key_norm_bound(symmetric)
-        G = self._grad_norm_bound()
-        logp = 2 * G * self.INPUT_NORM / self.tau_ - self.log_weights_.to(torch.float64)
-        return math.sqrt(float((logp ** 2).sum()) + 1.0 + math.log(self.n_anchors_) ** 2)
+        a, L = self.feature_scale_, self._log_prob_bound()
+        return math.sqrt(L ** 2 / a ** 2 + a ** 2 + math.log(self.n_anchors_) ** 2)
 
     # --------------------------------------------------- probability features
     def _log_probs(self, X: torch.Tensor) -> torch.Tensor:
@@ -103,32 +114,33 @@ class Softmax(AnchorModel):
                             for x in (X[sl] for sl in self._chunks(X.shape[0], "softmax"))])
         return logits - torch.logsumexp(logits, dim=1, keepdim=True)
 
-    def _probability_terms(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(P, log P) in the dtype of ``X``, or in float64 with a warning where that dtype
-        cannot hold them: the smallest signal, |log P| of the most probable anchor, is then
-        below the dtype's smallest normal number."""
+    def _probability_terms(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(a p, log p / a, pᵀlog p) in the dtype of ``X``, or in float64 with a warning where
+        that dtype cannot hold them: the smallest signal, |log P| of the most probable anchor,
+        is then below the dtype's smallest normal number."""
         logp = self._log_probs(X)
-        tiny = torch.finfo(X.dtype).tiny
-        if X.dtype != torch.float64 and bool((logp.amax(dim=1).abs() < tiny).any()):
+        p, a = logp.exp(), self.feature_scale_
+        dtype = X.dtype
+        if dtype != torch.float64 and bool((logp.amax(dim=1).abs() < torch.finfo(dtype).tiny).any()):
             warnings.warn(
-                f"{X.dtype} cannot resolve these softmax divergences at tau={self.tau_:g} (near one-hot "
+                f"{dtype} cannot resolve these softmax divergences at tau={self.tau_:g} (near one-hot "
                 "probabilities); computing them in float64. Indexes that store float32 (faiss, milvus) "
                 "may misorder such neighbours.", RuntimeWarning, stacklevel=4)
-            return logp.exp(), logp
-        return logp.exp().to(X.dtype), logp.to(X.dtype)
+            dtype = torch.float64
+        return (a * p).to(dtype), (logp / a).to(dtype), (p * logp).sum(1).to(dtype)
 
     def _query_terms(self, Q: torch.Tensor, symmetric: bool):
         if not symmetric or self.feature_space_ != "probabilities":
             return super()._query_terms(Q, symmetric)
         # d_sym = ½ Σ_i (p_q,i − p_g,i)(log p_q,i − log p_g,i): the symmetrized KL (Jeffreys)
-        p, logp = self._probability_terms(Q)
-        return 0.5 * (p * logp).sum(1), 0.5 * torch.cat([p, logp, torch.ones_like(p[:, :1])], dim=1)
+        p, logp, cross = self._probability_terms(Q)
+        return 0.5 * cross, 0.5 * torch.cat([p, logp, torch.ones_like(p[:, :1])], dim=1)
 
     def _key_terms(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
         if not symmetric or self.feature_space_ != "probabilities":
             return super()._key_terms(G, symmetric)
-        p, logp = self._probability_terms(G)
-        return torch.cat([logp, p, -(p * logp).sum(1, keepdim=True)], dim=1)
+        p, logp, cross = self._probability_terms(G)
+        return torch.cat([logp, p, -cross[:, None]], dim=1)
 
     def _flops_per_row(self) -> float:
         return 4.0 * self.n_anchors_ * self.dim_
