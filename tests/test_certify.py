@@ -53,7 +53,7 @@ def test_certified_queries_are_exact_and_fallback_makes_all_exact(data, name, in
     exact = ad.Index(model)
     exact.add(G)
     d_exact, i_exact = exact.search(Q, 10)
-    index = ad.Index(model, "faiss", index_type=index_type, shortlist=16, **params)
+    index = ad.Index(model, "faiss", index_type=index_type, shortlist=16, candidates="features", **params)
     index.add(G)
     d, i, certified = index.search(Q, 10, certify=True, fallback=False)
     assert certified.dtype == bool and certified.shape == (len(Q),)
@@ -67,6 +67,17 @@ def test_certified_queries_are_exact_and_fallback_makes_all_exact(data, name, in
     assert _exact_up_to_rounding(model, Q, G, i2).all()
     assert np.array_equal(i2[~certified], i_exact[~certified])  # searched again exactly
     np.testing.assert_allclose(d2, d_exact, rtol=1e-5, atol=1e-5)
+
+
+def test_embedding_candidates_certify_nothing_and_fall_back_exactly(data):
+    A, G, Q = data
+    model = MODELS["softmax"](A)
+    index = ad.Index(model, "faiss", index_type="ivf", nlist=64)
+    assert index.params["candidates"] == "embedding"  # "auto" for an anchor model without a Euclidean embedding
+    index.add(G)
+    _, i, certified = index.search(Q, 10, certify=True)
+    assert not certified.any()
+    assert np.array_equal(i, ad.Index(model).add(G).search(Q, 10)[1])
 
 
 def test_certify_with_exclusions_and_on_the_exact_backend(data):

@@ -193,7 +193,7 @@ def test_larger_norms_later_reaugment(backend, data32, models, milvus_uri):
     assert m.key_norm_bound(symmetric=False) is None
     G2 = np.vstack([G32[:30], 5 * G32[30:]])
     index = Index(m, backend, symmetric=False, shortlist=N_GALLERY,
-                  **(milvus_params(milvus_uri) if backend == "milvus" else {})).add(G2[:30])
+                  **(milvus_params(milvus_uri) if backend == "milvus" else {"candidates": "features"})).add(G2[:30])
     bound = index._backend.layout.max_norm
     index.add(G2[30:])
     assert index._backend.layout.max_norm > 2 * bound
@@ -208,7 +208,8 @@ def test_fixed_augmentation_constant(backend, name, data32, models, milvus_uri):
     and keys beyond it (inputs that are not unit-norm) are refused."""
     Q32, G32 = data32
     m = models[name]
-    index = make_index(backend, m, milvus_uri, shortlist=N_GALLERY).add(G32[:20])
+    layout = {"candidates": "features"} if backend == "faiss" else {}  # the padded feature layout
+    index = make_index(backend, m, milvus_uri, shortlist=N_GALLERY, **layout).add(G32[:20])
     M = index._backend.layout.max_norm
     assert M == pytest.approx(m.key_norm_bound() * (1 + 1e-5))
     psi = np.asarray(m.key_features(G32))
@@ -456,3 +457,35 @@ def test_recall_against_exact_search(backend, params, data32, models, milvus_uri
     expected = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found.tolist(), exact.tolist())])
     assert got == pytest.approx(expected, abs=1e-12)
     assert (got == 1.0) if backend in ("exact", "milvus") else (0.0 < got <= 1.0)
+
+
+@needs_faiss
+@pytest.mark.parametrize("index_type", ["hnsw", "ivf"])
+@pytest.mark.parametrize("name", ["softmax", "gmm"])
+def test_embedding_candidates_hold_recall_with_defaults(index_type, name, tmp_path):
+    """Anchor models without a Euclidean embedding search candidates among the embeddings by
+    default; with the default parameters the re-ranked result matches exact search."""
+    rng = np.random.default_rng(3)
+    d = 128
+    centres = rng.normal(size=(200, d))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+
+    def draw(n):
+        x = centres[rng.integers(len(centres), size=n)] + rng.normal(size=(n, d)) * 0.8 / np.sqrt(d)
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    A, G, Q = draw(128), draw(4000), draw(100)
+    model = ad.make_model(name, tau=0.05).fit(A)
+    index = Index(model, "faiss", index_type=index_type, candidates="embedding")
+    assert index.params["candidates"] == "embedding"
+    assert Index(model, "faiss", index_type=index_type).params["candidates"] == (
+        "embedding" if index_type == "ivf" else "features")
+    index.add(G[:2500]).add(G[2500:])  # two batches
+    _, want = Index(model).add(G).search(Q, 10)
+    _, got = index.search(Q, 10)
+    assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got.tolist(), want.tolist())]) >= 0.99
+    assert index.recall(Q, k=10) >= 0.99
+    index.save(tmp_path / "e.index")
+    loaded = Index.load(tmp_path / "e.index")
+    assert loaded.params["candidates"] == "embedding"
+    np.testing.assert_array_equal(loaded.search(Q, 10)[1], got)

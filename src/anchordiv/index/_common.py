@@ -64,8 +64,9 @@ class Backend:
         return out
 
     # ---------------------------------------------------------- to override
-    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
-        """Store key features ``psi`` for ``ids`` (``stored_ids`` are those already stored)."""
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, raw: torch.Tensor | None = None) -> None:
+        """Store key features ``psi`` for ``ids`` (``stored_ids`` are those already stored);
+        ``raw`` are the keys' embeddings, for backends that search candidates among them."""
         raise NotImplementedError
 
     def reserve(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:

@@ -44,7 +44,7 @@ class ExactBackend(Backend):
             dtype = self.dtype
         self._batch = (torch.empty(rows, width, dtype=dtype, device=device), 0)
 
-    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, raw: torch.Tensor | None = None) -> None:
         if self.dtype is None:
             self.dtype = psi.dtype
         elif torch.promote_types(psi.dtype, self.dtype) != self.dtype:  # features that need float64

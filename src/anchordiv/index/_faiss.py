@@ -15,6 +15,8 @@ from . import _certify
 from ._layout import VectorLayout
 
 INDEX_TYPES = ("flat", "hnsw", "ivf")
+#: Spaces the faiss index searches for candidates: the geometry's features, or the embeddings.
+CANDIDATE_SPACES = ("auto", "features", "embedding")
 #: Training vectors per IVF list gathered from a streamed batch before the lists are trained
 #: (faiss asks for at least 39; k-means samples at most 256).
 TRAIN_PER_LIST = 64
@@ -35,6 +37,12 @@ def _as_numpy(x) -> np.ndarray:
     """A faiss result as numpy (``faiss.contrib.torch_utils``, once imported anywhere, makes some
     methods return torch tensors)."""
     return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _candidate_space(value) -> str:
+    if value not in CANDIDATE_SPACES:
+        raise ValueError(f"Unknown candidates {value!r}; choose one of {', '.join(CANDIDATE_SPACES)}.")
+    return value
 
 
 def _index_type(value) -> str:
@@ -63,6 +71,15 @@ class FaissBackend(Backend):
         first batch (which must hold at least ``nlist`` vectors).
     nprobe : int
         IVF lists visited per query (at most ``nlist``; ``nprobe = nlist`` is exhaustive).
+    candidates : {"auto", "features", "embedding"}
+        Where faiss looks for candidates. ``"features"``: in the layout of the feature maps
+        (:mod:`anchordiv.index._layout`), so the stored vectors are the re-ranking features and
+        search can be certified. ``"embedding"``: by L2 (cosine, for unit vectors) on the
+        input embeddings, with the key features ψ kept beside the faiss index for re-ranking
+        (the neighbours of an anchor divergence are near in the embedding, which k-means
+        partitions well, while the padded (2d+2)-dimensional feature layout partitions
+        poorly). ``"auto"``: ``"embedding"`` for IVF indexes of anchor models without a
+        Euclidean embedding (softmax, mixture), ``"features"`` otherwise.
     shortlist : int, optional
         Candidates fetched per query and re-ranked exactly; default max(4k, 64).
     norm_margin : float
@@ -73,9 +90,11 @@ class FaissBackend(Backend):
 
     name = "faiss"
     DEFAULTS = {"index_type": "flat", "M": 32, "ef_construction": 200, "ef_search": 128, "nlist": None,
-                "nprobe": 16, "shortlist": None, "norm_margin": 1.25, "memory_budget": DEFAULT_MEMORY_BUDGET}
+                "nprobe": 16, "shortlist": None, "candidates": "auto", "norm_margin": 1.25,
+                "memory_budget": DEFAULT_MEMORY_BUDGET}
     CHECKS = {
         "index_type": _index_type,
+        "candidates": _candidate_space,
         "M": lambda v: positive_int(v, "M"),
         "ef_construction": lambda v: positive_int(v, "ef_construction"),
         "ef_search": lambda v: positive_int(v, "ef_search"),
@@ -95,7 +114,14 @@ class FaissBackend(Backend):
         self.nlist: int | None = None
         self._bounds: tuple | None = None  # centroids, (radii, radii of the ψ part), largest key norm
         self._expected: int | None = None  # rows of the batch being streamed in (from reserve)
-        self._pending: list[torch.Tensor] = []  # its first blocks, held until the IVF lists are trained
+        self._pending: list[tuple] = []  # its first blocks, held until the IVF lists are trained
+        self.features: torch.Tensor | None = None  # ψ of every key (embedding candidates only)
+        self._filled = 0  # rows of ``features`` in use
+
+    @property
+    def embedding_candidates(self) -> bool:
+        """Whether candidates come from the embeddings (ψ kept beside the faiss index)."""
+        return self.params["candidates"] == "embedding"
 
     # ------------------------------------------------------------ building
     def _new_index(self, vectors: np.ndarray, batch_rows: int | None = None):
@@ -117,7 +143,7 @@ class FaissBackend(Backend):
             index = faiss.index_factory(d, f"IVF{nlist},Flat", faiss.METRIC_L2)
             # augmented keys lie on a sphere of radius M: unit-norm (spherical k-means) centroids
             # make the nearest list the one of largest inner product, for keys and queries alike
-            index.cp.spherical = not self.euclidean
+            index.cp.spherical = not self.euclidean and not self.embedding_candidates
             index.train(vectors)
             index.set_direct_map_type(faiss.DirectMap.Array)  # reconstruct() of shortlisted keys
             self.nlist = nlist
@@ -126,18 +152,30 @@ class FaissBackend(Backend):
     def reserve(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
         if self.index is None:
             self._expected = rows
+        if self.embedding_candidates:  # room for the batch's ψ, allocated once
+            grown = torch.empty(self._filled + rows, width, dtype=torch.float32)
+            if self._filled:
+                grown[:self._filled] = self.features[:self._filled]
+            self.features = grown
 
-    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, raw: torch.Tensor | None = None) -> None:
         self._bounds = None
-        if self.layout is None and self.params["index_type"] == "ivf" and self._expected:
+        if self.embedding_candidates and raw is None:
+            raise ValueError("candidates='embedding' needs the embeddings of the keys (added through Index.add).")
+        if self.index is None and self.params["index_type"] == "ivf" and self._expected:
             # IVF lists are sized for the whole first batch and trained on enough of it, not on
             # its first streamed block: hold blocks until TRAIN_PER_LIST vectors per list arrived
-            self._pending.append(psi)
-            have = sum(b.shape[0] for b in self._pending)
+            self._pending.append((psi, raw))
+            have = sum(b[0].shape[0] for b in self._pending)
             lists = self.params["nlist"] or default_nlist(self._expected)
             if have < min(self._expected, TRAIN_PER_LIST * lists):
                 return
-            psi, self._pending = torch.cat(self._pending), []
+            psi = torch.cat([b[0] for b in self._pending])
+            raw = None if raw is None else torch.cat([b[1] for b in self._pending])
+            self._pending = []
+        if self.embedding_candidates:
+            self._add_with_embeddings(psi, raw)
+            return
         if self.layout is None:
             layout = VectorLayout.for_keys(self.euclidean, psi, self.params["norm_margin"], self.norm_bound)
             vectors = layout.keys(psi)
@@ -158,36 +196,65 @@ class FaissBackend(Backend):
             index.add(vectors)
             self.layout, self.index = layout, index
 
+    def _add_with_embeddings(self, psi: torch.Tensor, raw: torch.Tensor) -> None:
+        """Embeddings into faiss (L2), ψ into ``features`` (re-ranked from there)."""
+        vectors = np.ascontiguousarray(raw.detach().to(torch.float32).cpu().numpy())
+        if self.index is None:
+            self.index = self._new_index(vectors, self._expected)
+        self.index.add(vectors)
+        n = psi.shape[0]
+        if self.features is None or self.features.shape[0] < self._filled + n:
+            self.reserve(n, psi.shape[1], psi.dtype, psi.device)
+        self.features[self._filled:self._filled + n] = psi.detach().to(torch.float32).cpu()
+        self._filled += n
+
+    def _stored_features(self, cand: np.ndarray) -> torch.Tensor:
+        """ψ of candidate positions (n, s) as float32 (n, s, D); empty slots are zero."""
+        valid = cand >= 0
+        if self.embedding_candidates:
+            out = self.features[torch.from_numpy(np.where(valid, cand, 0).astype(np.int64))]
+            out[torch.from_numpy(~valid)] = 0
+            return out
+        vecs = np.zeros((cand.shape[0], cand.shape[1], self.layout.vector_dim), dtype=np.float32)
+        if valid.any():
+            vecs[valid] = self.index.reconstruct_batch(cand[valid].astype(np.int64))
+        return self.layout.unpack(vecs)
+
     # ------------------------------------------------------------ searching
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
-               positions_of: Callable[[np.ndarray], np.ndarray], certify: bool = False):
+               positions_of: Callable[[np.ndarray], np.ndarray], certify: bool = False,
+               queries: torch.Tensor | None = None):
         """Top-k of the shortlist re-ranked exactly; with ``certify`` also, per query, whether
-        the result is provably the exact top-k (:mod:`anchordiv.index._certify`)."""
+        the result is provably the exact top-k (:mod:`anchordiv.index._certify`; never with
+        embedding candidates, which bound nothing)."""
         p, index = self.params, self.index
+        if self.embedding_candidates and queries is None:
+            raise ValueError("candidates='embedding' needs the query embeddings (searched through Index.search).")
         s = shortlist_size(p["shortlist"], k, n)
         if p["index_type"] == "hnsw":
             index.hnsw.efSearch = max(p["ef_search"], s)
         elif p["index_type"] == "ivf":
             index.nprobe = min(p["nprobe"], self.nlist)
-        per_query = s * (self.layout.vector_dim + 2) * (8 + phi.element_size())
+        per_query = s * (phi.shape[1] + 3) * (8 + phi.element_size())
         out_d, out_p, out_c = [], [], []
         for sl in query_blocks(phi.shape[0], per_query, p["memory_budget"]):
-            y = self.layout.queries(phi[sl])
+            if self.embedding_candidates:
+                y = np.ascontiguousarray(queries[sl].detach().to(torch.float32).cpu().numpy())
+            else:
+                y = self.layout.queries(phi[sl])
             if p["index_type"] == "ivf":  # the lists probed are known, for the certificate
                 list_d, lists = index.quantizer.search(y, index.nprobe)
                 dist, cand = index.search_preassigned(y, s, lists, list_d)
             else:
                 dist, cand = index.search(y, s)
-            valid = cand >= 0
-            vecs = np.zeros((cand.shape[0], s, self.layout.vector_dim), dtype=np.float32)
-            if valid.any():
-                vecs[valid] = index.reconstruct_batch(cand[valid].astype(np.int64))
-            psi = self.layout.unpack(vecs).to(phi.device)
+            psi = self._stored_features(cand).to(phi.device)
             pos = torch.from_numpy(cand.astype(np.int64)).to(phi.device)
             d, i = rerank(offsets[sl], phi[sl], psi, pos, k)
             out_d.append(d)
             out_p.append(i)
-            if certify:
+            if certify and self.embedding_candidates:
+                out_c.append(np.zeros(len(y), dtype=bool))
+            elif certify:
                 out_c.append(self._certify(y, dist, cand, lists if p["index_type"] == "ivf" else None,
                                            d[:, -1:], offsets[sl], i[:, -1] >= 0))
         d, i = torch.cat(out_d), torch.cat(out_p)
@@ -228,26 +295,36 @@ class FaissBackend(Backend):
         return self._bounds
 
     def key_blocks(self, stored_ids: np.ndarray, rows: int = 1 << 16):
+        if self.embedding_candidates:
+            yield from (self.features[s:min(s + rows, self._filled)] for s in range(0, self._filled, rows))
+            return
         for start in range(0, self.index.ntotal, rows):
             yield self.layout.unpack(self.index.reconstruct_n(start, min(rows, self.index.ntotal - start)))
 
     # ---------------------------------------------------------------- state
     def state(self, n: int) -> dict:
         if self.index is None:
-            return {"index": None, "layout": None, "nlist": None}
+            return {"index": None, "layout": None, "nlist": None, "features": None}
         raw = self.faiss.serialize_index(self.index)
-        return {"index": torch.from_numpy(np.asarray(raw, dtype=np.uint8).copy()), "layout": self.layout.state(),
-                "nlist": self.nlist}
+        features = self.features[:self._filled].clone() if self.embedding_candidates else None
+        return {"index": torch.from_numpy(np.asarray(raw, dtype=np.uint8).copy()),
+                "layout": None if self.layout is None else self.layout.state(), "nlist": self.nlist,
+                "features": features}
 
     @classmethod
     def restore(cls, params: dict, euclidean: bool, state: dict, n: int, source: str) -> "FaissBackend":
         self = cls(params, euclidean)
-        raw, layout = state.get("index"), state.get("layout")
+        raw, layout, features = state.get("index"), state.get("layout"), state.get("features")
         if raw is None:
             if n:
                 raise ValueError(f"{source!r} is corrupt: it lists {n} ids but holds no faiss index.")
             return self
-        if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8 or not isinstance(layout, dict):
+        if self.embedding_candidates:
+            if not isinstance(features, torch.Tensor) or features.ndim != 2 or features.shape[0] != n:
+                raise ValueError(f"{source!r} is corrupt: the key features of its embedding candidates are malformed.")
+        elif not isinstance(layout, dict):
+            raise ValueError(f"{source!r} is corrupt: the faiss index data is malformed.")
+        if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8:
             raise ValueError(f"{source!r} is corrupt: the faiss index data is malformed.")
         try:
             index = self.faiss.deserialize_index(raw.numpy())
@@ -255,5 +332,8 @@ class FaissBackend(Backend):
             raise ValueError(f"{source!r} is corrupt: faiss could not read its index ({exc}).") from exc
         if index.ntotal != n:
             raise ValueError(f"{source!r} is corrupt: its faiss index holds {index.ntotal} vectors but {n} ids.")
-        self.index, self.layout, self.nlist = index, VectorLayout.from_state(layout), state.get("nlist")
+        self.index, self.nlist = index, state.get("nlist")
+        self.layout = None if layout is None else VectorLayout.from_state(layout)
+        if self.embedding_candidates:
+            self.features, self._filled = features.to(torch.float32), n
         return self

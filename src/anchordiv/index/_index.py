@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .._backend import positive_int
-from ..models.base import EuclideanModel, Geometry
+from ..models.base import AnchorModel, EuclideanModel, Geometry
 from ._common import Backend
 from ._exact import ExactBackend
 from ._faiss import FaissBackend
@@ -91,7 +91,13 @@ class Index:
         model._check_fitted()
         if not isinstance(backend, str) or backend not in BACKENDS:
             raise ValueError(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.")
-        self._setup(model, bool(symmetric), BACKENDS[backend](params, isinstance(model, EuclideanModel)))
+        euclidean = isinstance(model, EuclideanModel)
+        if backend == "faiss" and params.get("candidates", "auto") == "auto":
+            # IVF lists of anchor models without a Euclidean embedding: candidates from the embeddings
+            ivf = str(params.get("index_type", "flat")).lower() == "ivf"
+            embedding = ivf and isinstance(model, AnchorModel) and not euclidean
+            params = {**params, "candidates": "embedding" if embedding else "features"}
+        self._setup(model, bool(symmetric), BACKENDS[backend](params, euclidean))
 
     def _setup(self, model: Geometry, symmetric: bool, backend: Backend, ids: np.ndarray | None = None,
                dim: int | None = None) -> None:
@@ -230,7 +236,7 @@ class Index:
         self._backend.reserve(g.shape[0], width, g.dtype, g.device)
         for start in range(0, g.shape[0], rows):
             block = slice(start, start + rows)
-            self._backend.add(self._model._key_terms(g[block], self._symmetric), new[block], self._ids)
+            self._backend.add(self._model._key_terms(g[block], self._symmetric), new[block], self._ids, raw=g[block])
             self._ids = np.concatenate([self._ids, new[block]])
             self._lookup = None
         self._dim = int(g.shape[1])
@@ -304,6 +310,8 @@ class Index:
         """(distances, positions) of one block of queries, and with ``certify`` the certificate."""
         offsets, phi = self._model._query_terms(q, self._symmetric)
         extra = {"certify": True} if certify else {}
+        if isinstance(self._backend, FaissBackend):
+            extra["queries"] = q
         if ex is None:
             return self._backend.search(offsets, phi, k, len(self), self._positions_of, **extra)
         if isinstance(self._backend, ExactBackend):

@@ -377,7 +377,7 @@ class MilvusBackend(Backend):
             out.append(np.asarray([found[i] for i in chunk], dtype=np.float32))
         return np.concatenate(out) if out else np.zeros((0, self.layout.vector_dim), np.float32)
 
-    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, raw: torch.Tensor | None = None) -> None:
         if self.created:
             self._check()
         layout = self.layout
