@@ -132,8 +132,11 @@ def test_fetch_unpacks_only_the_64px_images_of_a_pinned_tarball(tmp_path, monkey
     assert [(e.name, e.vendor) for e in emoji.load(tmp_path, vendors=["google"])] == [("red circle", "google")]
 
 
-def test_open_rgb_puts_transparent_pixels_on_white():
+def test_open_rgb_puts_transparent_pixels_on_white(tmp_path):
     from anchordiv.encoders._base import open_rgb
+
+    Image.new("RGB", (3, 2), (10, 20, 30)).save(tmp_path / "rgb.png")
+    assert np.asarray(open_rgb(tmp_path / "rgb.png")).tolist() == [[[10, 20, 30]] * 3] * 2  # read after close
 
     im = Image.new("RGBA", (4, 1), (0, 0, 0, 0))
     im.putpixel((1, 0), (255, 0, 0, 255))

@@ -171,6 +171,7 @@ def open_rgb(item: Any) -> Any:
     if isinstance(item, Image.Image):
         return _flatten(item)
     with Image.open(item) as im:
+        im.load()  # read the pixels before the file closes
         return _flatten(im)
 
 
