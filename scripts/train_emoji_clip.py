@@ -227,12 +227,18 @@ def main() -> None:
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(json.dumps({k: v for k, v in metrics.items() if k not in ("config", "args")}, indent=2))
     if args.install:
-        INSTALL_DIR.mkdir(parents=True, exist_ok=True)
-        kept = {k: v for k, v in state.items() if not (frozen and k.startswith("text.transformer."))}
-        torch.save(kept, INSTALL_DIR / f"{arch}.pt")
-        (INSTALL_DIR / f"{arch}.json").write_text(json.dumps(config, indent=2) + "\n")
-        (INSTALL_DIR / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        install(arch, config, state, metrics)
         print(f"installed into {INSTALL_DIR}")
+
+
+def install(arch: str, config: dict, state: dict, metrics: dict) -> None:
+    """Write the weights (without a frozen Hugging Face text tower), config and metrics to ``INSTALL_DIR``."""
+    frozen = "hf_model_name" in config["text_cfg"]
+    INSTALL_DIR.mkdir(parents=True, exist_ok=True)
+    torch.save({k: v for k, v in state.items() if not (frozen and k.startswith("text.transformer."))},
+               INSTALL_DIR / f"{arch}.pt")
+    (INSTALL_DIR / f"{arch}.json").write_text(json.dumps(config, indent=2) + "\n")
+    (INSTALL_DIR / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
 
 
 def evaluate(spec: str, pictures: list) -> dict:
