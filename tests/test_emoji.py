@@ -331,3 +331,36 @@ def test_committed_model_on_real_held_out_emoji(clip):
     assert object_top1 == pytest.approx(reported["object_top1"], abs=0.01)
     assert style_top1 == pytest.approx(reported["style_top1"], abs=0.01)
     assert object_top1 >= 10 / len(names) and style_top1 >= 0.7  # ten times chance; chance is 0.5
+
+
+def test_image_demo_page_shows_thumbnails_in_a_browser(clip, tree):
+    import shutil
+
+    pytest.importorskip("fastapi")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (make setup installs it)")
+    from anchordiv.image_demo import build_image_demo_service
+    from anchordiv.serve import ServerThread, create_app
+
+    svc = build_image_demo_service(encoder=clip, cache=tree)
+    with ServerThread(create_app(svc)) as server, sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        requests, errors = [], []
+        page.on("request", lambda r: requests.append(r.url))
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(server.url + "/")
+        page.wait_for_selector("body[data-ready=true]")
+        page.fill("#q", emoji.object_anchor(held_out_names(1)[0]))
+        page.keyboard.press("Enter")
+        page.wait_for_function("() => document.getElementById('results').dataset.state === 'ready'")
+        page.wait_for_function("() => { const im = [...document.querySelectorAll('.card img')];"
+                               " return im.length > 0 && im.every(i => i.complete && i.naturalWidth > 0); }")
+        sizes = page.eval_on_selector_all(".card img", "im => im.map(i => [i.naturalWidth, i.naturalHeight])")
+        browser.close()
+    assert errors == [] and len(sizes) >= 5
+    assert all(0 < w <= 160 and 0 < h <= 160 for w, h in sizes)
+    assert all(u.startswith(server.url + "/") for u in requests)
+    assert sum("/api/thumb/" in u for u in requests) >= 5
