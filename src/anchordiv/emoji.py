@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -104,7 +105,16 @@ def clip_spec(folder: Path | str | None = None) -> str:
         config_path = folder / f"{CLIP_ARCH}.json"
         config_path.write_text(json.dumps(with_text_tower(config, str(minilm_path())), indent=2) + "\n")
         open_clip.add_model_config(config_path)
-        model = open_clip.create_model(CLIP_ARCH, pretrained_text=True)  # MiniLM weights from the package
+        from transformers.utils import logging as hf_logging
+
+        verbosity, root = hf_logging.get_verbosity(), logging.getLogger().level
+        hf_logging.set_verbosity_error()  # MiniLM's unused pooler and the partial load are expected
+        logging.getLogger().setLevel(logging.ERROR)
+        try:
+            model = open_clip.create_model(CLIP_ARCH, pretrained_text=True)  # MiniLM weights from the package
+        finally:
+            hf_logging.set_verbosity(verbosity)
+            logging.getLogger().setLevel(root)
         state = torch.load(trained, map_location="cpu", weights_only=True)
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or any(not k.startswith("text.transformer.") for k in missing):
