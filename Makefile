@@ -20,6 +20,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install -q --no-deps $(OPEN_CLIP)
 	# Debian's Chromium for the browser tests of `anchordiv serve` (Playwright drives it).
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	# Emoji pictures (npm packs of pinned emoji-datasource-google/-twitter, outside git) for
+	# `anchordiv demo --images`, scripts/emoji_experiments.py and the real-emoji test.
+	command -v npm >/dev/null && $(PY) -m anchordiv.emoji || echo "npm missing: emoji pictures not fetched"
 	touch $@
 
 demo: setup
@@ -37,6 +40,7 @@ experiments: setup
 	$(PY) scripts/rotten_tomatoes.py
 	$(PY) scripts/wordnet_adaptation.py
 	$(PY) scripts/wordnet_adaptation.py --broad-root 00001740 --out docs/results/wordnet_adaptation_all_nouns
+	$(PY) scripts/emoji_experiments.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1013,8 +1013,11 @@ def index_search(index_path, query_ids, query_texts, query_images, k, collection
 @click.option("--device", default=None, help="Torch device of the encoder.")
 @click.option("--serve", "serve", is_flag=True, help="Serve the demo collection on a local web page instead.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port of --serve.")
+@click.option("--images", "images", is_flag=True,
+              help="Run the emoji demo instead: held-out emoji pictures under object and style anchors "
+                   "(the committed emoji CLIP; pictures from $ANCHORDIV_EMOJI or ~/.cache/anchordiv/emoji).")
 def demo(out_dir: str, seed: int, n: int, k: int, n_queries: int, encoder: str, device: str | None,
-         serve: bool, port: int) -> None:
+         serve: bool, port: int, images: bool) -> None:
     """Run the scene demo: mean AUPRC of every geometry on every factor, and a neighbour report.
 
     Generates N scene descriptions varying a dog breed, a place and a piece of clothing,
@@ -1028,8 +1031,14 @@ def demo(out_dir: str, seed: int, n: int, k: int, n_queries: int, encoder: str, 
       anchordiv demo --out demo-report/ --seed 0
       anchordiv demo --n 60 -k 4 --out /tmp/quick-demo/
       anchordiv demo --serve --port 8000     # the web page at http://127.0.0.1:8000/
+      anchordiv demo --images --out /tmp/emoji-demo/   # emoji: object vs style anchors
     """
     from . import demo as demo_module
+
+    if images:
+        from . import image_demo
+
+        return image_demo.cli_demo(out_dir=out_dir, seed=seed, k=k, n_queries=n_queries, serve=serve, port=port)
 
     if serve:
         from .serve.cli import serve_demo

@@ -255,7 +255,7 @@ class DemoResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def pick_queries(labels: Any, n_queries: int = 3, seed: int = 0) -> list[int]:
+def pick_queries(labels: Any, n_queries: int = 3, seed: int = 0, columns: Sequence[str] | None = None) -> list[int]:
     """Rows to show in the report: they differ on every factor and template when possible.
 
     Parameters
@@ -266,6 +266,8 @@ def pick_queries(labels: Any, n_queries: int = 3, seed: int = 0) -> list[int]:
         How many rows.
     seed : int, optional
         Random seed.
+    columns : sequence of str, optional
+        The label columns that should differ (default: the scene factors and template).
 
     Returns
     -------
@@ -273,7 +275,7 @@ def pick_queries(labels: Any, n_queries: int = 3, seed: int = 0) -> list[int]:
     """
     n = len(labels)
     n_queries = min(int(n_queries), n)
-    cols = [c for c in (*FACTORS, "template") if c in labels.columns]
+    cols = [c for c in (columns or (*FACTORS, "template")) if c in labels.columns]
     values = labels[cols].to_numpy()
     order = np.random.default_rng(seed).permutation(n)
     chosen: list[int] = []

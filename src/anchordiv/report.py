@@ -712,6 +712,8 @@ def _thumbnail(item: Any, px: int = THUMBNAIL_PX) -> "Any":
     """An RGB PIL thumbnail of an image path or PIL image; raises :class:`_Skip` if unreadable."""
     from PIL import Image
 
+    from .encoders._base import open_rgb
+
     if isinstance(item, Image.Image):
         im = item.copy()
     else:
@@ -726,7 +728,7 @@ def _thumbnail(item: Any, px: int = THUMBNAIL_PX) -> "Any":
         except Exception:  # any decoder failure of an untrusted file
             raise _Skip("corrupt") from None
     try:
-        im = im.convert("RGB")
+        im = open_rgb(im)  # transparent pixels on white, as the encoders see them
         im.thumbnail((px, px))
     except Exception:
         raise _Skip("corrupt") from None

@@ -8,7 +8,9 @@ Specs
     OpenCLIP model from the Hugging Face Hub.
 ``open_clip:ARCH/PATH_TO_CHECKPOINT.pt``
     OpenCLIP architecture with weights from a local checkpoint (an OpenCLIP or
-    OpenAI-CLIP state dict), e.g. a CheXzero ViT-B/32 fine-tune.
+    OpenAI-CLIP state dict), e.g. a CheXzero ViT-B/32 fine-tune. A custom architecture
+    whose config ``ARCH.json`` sits beside the checkpoint is registered with OpenCLIP
+    first (``anchordiv.emoji.clip_spec()`` is one).
 ``hf_clip:ORG/NAME`` or ``hf_clip:/path/to/folder``
     transformers image-text model (``CLIPModel``, SigLIP, ...) with its processor.
 ``sentence-transformers:NAME_OR_PATH``

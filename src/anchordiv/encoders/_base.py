@@ -164,13 +164,27 @@ def _check_images(images: Any) -> list[Any]:
 
 
 def open_rgb(item: Any) -> Any:
-    """``item`` (a file path or a PIL image) as an RGB PIL image, the way the encoders load images."""
+    """``item`` (a file path or a PIL image) as an RGB PIL image, the way the encoders load
+    images; transparent pixels (an alpha channel or a transparent palette entry) become white."""
     from PIL import Image
 
     if isinstance(item, Image.Image):
-        return item if item.mode == "RGB" else item.convert("RGB")
+        return _flatten(item)
     with Image.open(item) as im:
-        return im.convert("RGB")
+        im.load()  # read the pixels before the file closes
+        return _flatten(im)
+
+
+def _flatten(im: Any) -> Any:
+    from PIL import Image
+
+    if im.mode == "RGB":
+        return im
+    if im.mode in ("RGBA", "LA", "PA") or "transparency" in im.info:
+        rgba = im.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return im.convert("RGB")
 
 
 def _to_numpy(x: Any) -> np.ndarray:

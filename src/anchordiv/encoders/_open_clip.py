@@ -71,6 +71,15 @@ def is_checkpoint_path(pretrained: str) -> bool:
     )
 
 
+def register_config_beside(open_clip: Any, model_name: str, checkpoint: str) -> None:
+    """Register ``<model_name>.json`` in the checkpoint's folder, when there is one, as an
+    OpenCLIP model config (``open_clip.add_model_config``), so ``ARCH/FOLDER/weights.pt``
+    loads a custom architecture saved beside its weights."""
+    config = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), model_name + ".json")
+    if os.path.isfile(config):
+        open_clip.add_model_config(config)
+
+
 class OpenCLIPEncoder(Encoder):
     """An OpenCLIP image-text model.
 
@@ -118,6 +127,8 @@ class OpenCLIPEncoder(Encoder):
         else:
             is_file = False
         open_clip = require("open_clip", PIP_NAME, f"encoder spec {spec!r}", _IMPORT_HINT)
+        if is_file:
+            register_config_beside(open_clip, model_name, pretrained)
         if not model_name.startswith("hf-hub:"):
             known = open_clip.list_models()
             if model_name not in known:
