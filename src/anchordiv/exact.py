@@ -46,62 +46,81 @@ TIE_ROWS_BYTES = 8 * 2**20
 
 
 # ------------------------------------------------------------------ selection
-def smallest_k(scores: torch.Tensor, index: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def smallest_k(scores: torch.Tensor, index: torch.Tensor | None, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k smallest entries of each row of ``scores``, ordered by (value, index).
 
-    ``index`` (one row, or one per row) holds the index of every column. Ties, at the k-th
-    place too, go to the lower index, so the result is deterministic.
+    ``index`` (one row, or one per row) holds the index of every column; None means the
+    column positions. Ties, at the k-th place too, go to the lower index, so the result is
+    deterministic.
     """
+    return _select(scores, index, k, largest=False)
+
+
+def largest_k(scores: torch.Tensor, index: torch.Tensor | None, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest entries of each row, ordered by (−value, index): :func:`smallest_k` of
+    −scores without negating them (torch's CPU top-k is faster for the largest)."""
+    return _select(scores, index, k, largest=True)
+
+
+def _select(scores: torch.Tensor, index: torch.Tensor | None, k: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
     n = scores.shape[1]
+    positions = index is None
+    if positions:
+        index = torch.arange(n, device=scores.device)
     shared = index if index.ndim == 1 else None
     index = index.expand_as(scores)
     if k >= n:
         order = torch.argsort(index, dim=1, stable=True)
         scores, index = scores.gather(1, order), index.gather(1, order)
-        d, o = torch.sort(scores, dim=1, stable=True)
+        d, o = torch.sort(scores, dim=1, stable=True, descending=largest)
         return d, index.gather(1, o)
-    top_vals, top_pos = torch.topk(scores, k + 1, dim=1, largest=False, sorted=True)
-    # rows whose (k+1)-th value ties the k-th: which tied entries belong in the top k is
-    # decided below by index
-    tied = top_vals[:, k] == top_vals[:, k - 1]
-    vals, idx = top_vals[:, :k], index.gather(1, top_pos[:, :k])
+    top_vals, top_pos = torch.topk(scores, k + 1, dim=1, largest=largest, sorted=True)
+    vals, pos = top_vals[:, :k], top_pos[:, :k]
+    same = top_vals[:, 1:] == top_vals[:, :-1]  # equal neighbours in the top k + 1
+    if not bool(same.any()):  # no tie: top-k's order is the (value, index) order
+        return vals, (pos if positions else index.gather(1, pos))
+    idx = index.gather(1, pos)
     o = torch.argsort(idx, dim=1, stable=True)
     vals, idx = vals.gather(1, o), idx.gather(1, o)
-    o = torch.argsort(vals, dim=1, stable=True)
+    o = torch.argsort(vals, dim=1, stable=True, descending=largest)
     vals, idx = vals.gather(1, o), idx.gather(1, o)
+    # rows whose (k+1)-th value ties the k-th: which tied entries belong in the top k is
+    # decided by index
+    tied = same[:, k - 1]
     if bool(tied.any()):
         rows = torch.nonzero(tied).flatten()
         # one index row shared by all rows and increasing (a block of keys): one linear pass
-        increasing = shared is not None and (n < 2 or bool((shared[1:] > shared[:-1]).all()))
+        increasing = positions or (shared is not None and (n < 2 or bool((shared[1:] > shared[:-1]).all())))
         kth = top_vals[:, k - 1]
         # a few tied rows at a time: the pass copies each row's scores once
         step = max(1, TIE_ROWS_BYTES // max(1, n * (scores.element_size() + 9)))
         for start in range(0, rows.numel(), step):
             r = rows[start:start + step]
-            vals[r], idx[r] = _resolve_ties(scores[r], index[r], kth[r], k, increasing)
+            vals[r], idx[r] = _resolve_ties(scores[r], index[r], kth[r], k, increasing, largest)
     return vals, idx
 
 
 def _resolve_ties(scores: torch.Tensor, index: torch.Tensor, kth: torch.Tensor, k: int,
-                  increasing: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows whose k-th smallest value ``kth`` is tied: every entry below it, then the tied
+                  increasing: bool, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows whose k-th value ``kth`` is tied: every entry better than it, then the tied
     entries of lowest index. With ``index`` increasing along the row (a block of keys) this is
     one linear pass; otherwise (a short merge of two result lists) a full ordered sort."""
     if not increasing:
-        d, i = smallest_k(scores, index, scores.shape[1])
+        d, i = _select(scores, index, scores.shape[1], largest)
         return d[:, :k], i[:, :k]
-    # the candidates (value ≤ kth) in row-major order: all below kth, and the tied ones by column
-    r, c = torch.nonzero(scores <= kth[:, None], as_tuple=True)
+    # the candidates (value at least as good as kth) in row-major order, tied ones by column
+    good = scores >= kth[:, None] if largest else scores <= kth[:, None]
+    r, c = torch.nonzero(good, as_tuple=True)
     v = scores[r, c]
     tie = v == kth[r]
-    below = torch.bincount(r[~tie], minlength=scores.shape[0])
+    better = torch.bincount(r[~tie], minlength=scores.shape[0])
     tie_rank = torch.cumsum(tie.long(), 0) - 1  # running count of ties, made per row below
-    first_tie = torch.zeros_like(below)
+    first_tie = torch.zeros_like(better)
     first_tie.scatter_reduce_(0, r[tie], tie_rank[tie], reduce="amin", include_self=False)
-    keep = ~tie | (tie_rank - first_tie[r] < (k - below)[r])
+    keep = ~tie | (tie_rank - first_tie[r] < (k - better)[r])
     cols = c[keep].view(-1, k)  # exactly k per row, in column order
     vals, idx = scores.gather(1, cols), index.gather(1, cols)
-    o = torch.argsort(vals, dim=1, stable=True)  # columns ascend with the index: stable keeps ties by index
+    o = torch.argsort(vals, dim=1, stable=True, descending=largest)  # columns ascend with the index
     return vals.gather(1, o), idx.gather(1, o)
 
 
@@ -139,9 +158,16 @@ class TopK:
         """(distances, indices); with ``offsets``, the pushed scores were −φᵀψ and o(q) is added."""
         if offsets is None:
             return self.distances, self.indices
-        d = offsets[:, None] + self.distances
-        # the order of o − φᵀψ, ties (in the rounded sums) by the lower index
-        return smallest_k(d, self.indices, self.k)
+        return with_offsets(offsets, self.distances, self.indices)
+
+
+def with_offsets(offsets: torch.Tensor, distances: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """o(q) added to ascending rows of −φᵀψ: still ascending (rounding is monotone), but new
+    ties in the rounded sums must be ordered by the lower index."""
+    d = offsets[:, None] + distances
+    if bool(((d[:, 1:] == d[:, :-1]) & (indices[:, 1:] < indices[:, :-1])).any()):
+        return smallest_k(d, indices, d.shape[1])
+    return d, indices
 
 
 # --------------------------------------------------------------------- blocks
@@ -184,15 +210,16 @@ def _scores(offsets: torch.Tensor | None, phi: torch.Tensor, psi: torch.Tensor, 
     return out.addmm_(phi, psi.T, alpha=-1)
 
 
-def _exclude(scores: torch.Tensor, exclude: torch.Tensor | None, rows: slice, k0: int) -> None:
-    """Set the excluded (query, key) pairs of this block to +inf."""
+def _exclude(scores: torch.Tensor, exclude: torch.Tensor | None, rows: slice, k0: int,
+             value: float = torch.inf) -> None:
+    """Set the excluded (query, key) pairs of this block to ``value`` (+inf: never among the smallest)."""
     if exclude is None:
         return
     ex = exclude[rows] - k0
     hit = (ex >= 0) & (ex < scores.shape[1])
     if bool(hit.any()):
         r, c = torch.nonzero(hit, as_tuple=True)
-        scores[r, ex[r, c]] = torch.inf
+        scores[r, ex[r, c]] = value
 
 
 def knn(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor], k: int, *,
@@ -229,11 +256,12 @@ def knn(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[
     if exclude is not None and exclude.ndim == 1:
         exclude = exclude[:, None]
     q_rows, g_rows = block_shape(n_q, n_keys or MAX_KEY_BLOCK, D, phi.element_size(), k, memory_budget, keys_given)
+    if isinstance(keys, (list, tuple)) and len(keys) == 1:
+        keys = keys[0]
     if isinstance(keys, torch.Tensor) and keys.shape[0] <= g_rows and q_rows >= n_q and exclude is None:
         return _knn_one_block(offsets, phi, keys, k)
     heap = TopK(n_q, k, phi.dtype, phi.device)
     buffer = torch.empty(q_rows * g_rows, dtype=phi.dtype, device=phi.device)
-    local = torch.arange(g_rows, device=phi.device)  # column index within a key block
     show = progress if progress is not None else float(n_q) * (n_keys or 0) * D > PROGRESS_WORK
     bar = progress_bar(total=n_keys, show=show, desc=desc, unit="key")
     k0 = 0
@@ -245,10 +273,11 @@ def knn(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[
         m = psi.shape[0]
         for q0 in range(0, n_q, q_rows):
             rows = slice(q0, min(n_q, q0 + q_rows))
-            scores = _scores(None, phi[rows], psi, buffer[:(rows.stop - q0) * m].view(-1, m))
-            _exclude(scores, exclude, rows, k0)
-            d, i = smallest_k(scores, local[:m], min(k, m))
-            heap.push_selected(rows, d, i + k0)
+            # rank by the largest φᵀψ (torch's CPU top-k is faster for the largest); −φᵀψ to the heap
+            scores = torch.mm(phi[rows], psi.T, out=buffer[:(rows.stop - q0) * m].view(-1, m))
+            _exclude(scores, exclude, rows, k0, -torch.inf)
+            s, i = largest_k(scores, None, min(k, m))
+            heap.push_selected(rows, s.neg_(), i + k0)
         heap.close_block(m)
         k0 += m
         bar.update(m)
@@ -260,10 +289,8 @@ def _knn_one_block(offsets: torch.Tensor, phi: torch.Tensor, psi: torch.Tensor, 
     """:func:`knn` when all keys and queries fit in one block: one GEMM, one selection."""
     psi = psi.to(torch.promote_types(psi.dtype, phi.dtype))
     offsets, phi = offsets.to(psi.dtype), phi.to(psi.dtype)
-    scores = torch.empty(phi.shape[0], psi.shape[0], dtype=phi.dtype, device=phi.device)
-    _scores(None, phi, psi, scores)
-    d, i = smallest_k(scores, torch.arange(psi.shape[0], device=phi.device), k)
-    return smallest_k(offsets[:, None] + d, i, k)
+    s, i = largest_k(torch.mm(phi, psi.T), None, k)
+    return with_offsets(offsets, s.neg_(), i)
 
 
 def distance_matrix(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor], *,
@@ -379,4 +406,4 @@ def check_same_set(Q: Any, G: Any, q: torch.Tensor, g: torch.Tensor) -> None:
     )
 
 
-__all__ = ["search", "knn", "distance_matrix", "smallest_k", "TopK", "block_shape", "DEFAULT_MEMORY_BUDGET"]
+__all__ = ["search", "knn", "distance_matrix", "smallest_k", "largest_k", "TopK", "block_shape", "DEFAULT_MEMORY_BUDGET"]
