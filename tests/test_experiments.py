@@ -388,6 +388,19 @@ def test_every_protocol_scores_with_the_chosen_metric(world, protocol):
         res = ex.table(data, {"A": (world["A"], "a")}, models=["softmax"], baselines=["cosine"], **kw)
     assert res.config["metric"] == "recall@5"
     assert "recall@5" in res.rows.columns and "auprc" not in res.rows.columns
+    if protocol == "budget":  # the plot's axes name the metric too
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from anchordiv.experiments.report import name_metric
+
+        fig, ax = plt.subplots()
+        ax.set_ylabel("AUPRC (a)")
+        ax.set_xlabel("AUPRC difference")
+        name_metric(fig, "recall@5")
+        assert (ax.get_ylabel(), ax.get_xlabel()) == ("recall@5 (a)", "recall@5 difference")
+        plt.close(fig)
     assert "recall@5" in res.summary.columns
     # the cosine observations are recall@5 of cosine, computed directly
     X = data.embeddings

@@ -6,8 +6,11 @@ The HTML is parsed with the standard library's ``html.parser``.
 import base64
 import io
 import os
+import re
 from html.parser import HTMLParser
 from pathlib import Path
+
+import re
 
 import numpy as np
 import pytest
@@ -414,6 +417,11 @@ def test_cards_inline_html_top_anchors_and_long_texts(tmp_path):
     assert res.top_anchors["softmax"][1] == [(a, pytest.approx(p)) for a, p in ex.top_anchors(1)]
     html = res._repr_html_()
     assert html.startswith('<div class="anchordiv-report">') and "<html" not in html and "<body" not in html
+    # its styles apply inside the fragment only: no rule restyles the rest of a notebook page
+    style = html.split("<style>", 1)[1].split("</style>", 1)[0]
+    rules = re.findall(r"(?m)^([^\s{}][^{}]*?)\s*\{", style)
+    assert len(rules) > 20 and all(sel.strip().startswith(".anchordiv-report") for r in rules for sel in r.split(","))
+    assert '"Segoe UI"' in style  # the stylesheet is not HTML-escaped
     assert "top anchors: " in html and "effusion &lt;b&gt;" in html and "heart &amp; lungs" in html
     # a long text: its start on the card, the full text (escaped) behind <details>
     assert len(long) > CARD_CHARS

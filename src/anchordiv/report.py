@@ -31,6 +31,8 @@ Examples
 
 from __future__ import annotations
 
+import re
+
 import base64
 import io
 import math
@@ -953,13 +955,29 @@ def _view(r: ComparisonResult, title: str, thumbs: _Thumbs) -> ReportView:
                       [(t, f) for f, t in token.items()], queries, thumbs.skipped())
 
 
+#: The element that holds a report rendered as a fragment; its styles apply inside it only.
+FRAGMENT_CLASS = "anchordiv-report"
+
+
+def scope_css(css: str, scope: str = "." + FRAGMENT_CLASS) -> str:
+    """The rules of ``css`` (one selector list per line start) applied inside ``scope`` only:
+    ``body`` becomes the scope itself, every other selector is prefixed with it."""
+    def rule(match: re.Match) -> str:
+        selectors = [sel.strip() for sel in match.group(1).split(",")]
+        return ", ".join(scope if sel == "body" else f"{scope} {sel}" for sel in selectors) + " {"
+
+    return re.sub(r"(?m)^([^\s{}][^{}]*?)\s*\{", rule, css)
+
+
 def _render_html(view: ReportView, fragment: bool = False) -> str:
     """The page: ``templates/report.html.j2`` rendered with autoescaping on (``fragment``: a
-    ``<div>`` with its own styles, for a notebook cell)."""
+    ``<div>`` whose styles apply inside it only, for a notebook cell)."""
     jinja2 = require("jinja2", "jinja2", "write_report")
     env = jinja2.Environment(loader=jinja2.PackageLoader("anchordiv", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
+    # the template's own stylesheet (template text, not data): scoped, it stays template text
+    env.filters["scope_css"] = lambda text: type(text)(scope_css(str(text)))
     return env.get_template("report.html.j2").render(vars(view), fragment=fragment)
 
 

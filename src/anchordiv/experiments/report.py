@@ -480,6 +480,14 @@ def _jsonable(obj: Any) -> Any:
     return str(obj)
 
 
+def name_metric(fig: Any, metric: str) -> None:
+    """Axis labels and titles of ``fig`` that say AUPRC say ``metric`` instead."""
+    for ax in fig.axes:
+        ax.set_xlabel(ax.get_xlabel().replace("AUPRC", metric))
+        ax.set_ylabel(ax.get_ylabel().replace("AUPRC", metric))
+        ax.set_title(ax.get_title().replace("AUPRC", metric))
+
+
 def write_outputs(result: ProtocolResult, report: Report, out_dir: str | os.PathLike | None,
                   data_line: str | None = None) -> ProtocolResult:
     """Write ``<protocol>.csv``, ``_summary.csv``, ``_effects.csv``, ``.md``, ``.png`` and ``.json``.
@@ -509,6 +517,8 @@ def write_outputs(result: ProtocolResult, report: Report, out_dir: str | os.Path
         fig = plt.figure(figsize=report.plot.figsize, dpi=110)
         try:
             report.plot.draw(fig, result)
+            if metric != "auprc":
+                name_metric(fig, metric)
             fig.tight_layout()
             fig.savefig(out / f"{name}.png")
         finally:
