@@ -75,39 +75,48 @@ def _select(scores: torch.Tensor, index: torch.Tensor | None, k: int, largest: b
         d, o = torch.sort(scores, dim=1, stable=True, descending=largest)
         return d, index.gather(1, o)
     top_vals, top_pos = torch.topk(scores, k + 1, dim=1, largest=largest, sorted=True)
-    vals, pos = top_vals[:, :k], top_pos[:, :k]
     same = top_vals[:, 1:] == top_vals[:, :-1]  # equal neighbours in the top k + 1
     if not bool(same.any()):  # no tie: top-k's order is the (value, index) order
-        return vals, (pos if positions else index.gather(1, pos))
-    idx = index.gather(1, pos)
-    o = torch.argsort(idx, dim=1, stable=True)
-    vals, idx = vals.gather(1, o), idx.gather(1, o)
-    o = torch.argsort(vals, dim=1, stable=True, descending=largest)
-    vals, idx = vals.gather(1, o), idx.gather(1, o)
-    # rows whose (k+1)-th value ties the k-th: which tied entries belong in the top k is
-    # decided by index
-    tied = same[:, k - 1]
+        return top_vals[:, :k], (top_pos[:, :k] if positions else index.gather(1, top_pos[:, :k]))
+    vals, idx = _by_value_then_index(top_vals, top_pos if positions else index.gather(1, top_pos), k, largest)
+    tied = same[:, k - 1]  # the k-th value ties the (k+1)-th: which tied entries belong is decided by index
     if bool(tied.any()):
         rows = torch.nonzero(tied).flatten()
-        # one index row shared by all rows and increasing (a block of keys): one linear pass
         increasing = positions or (shared is not None and (n < 2 or bool((shared[1:] > shared[:-1]).all())))
-        kth = top_vals[:, k - 1]
-        # a few tied rows at a time: the pass copies each row's scores once
+        # a few tied rows at a time: each row's scores are copied once
         step = max(1, TIE_ROWS_BYTES // max(1, n * (scores.element_size() + 9)))
         for start in range(0, rows.numel(), step):
             r = rows[start:start + step]
-            vals[r], idx[r] = _resolve_ties(scores[r], index[r], kth[r], k, increasing, largest)
+            vals[r], idx[r] = _resolve_ties(scores[r], None if positions else index[r], top_vals[r, k - 1], k,
+                                            increasing, largest)
     return vals, idx
 
 
-def _resolve_ties(scores: torch.Tensor, index: torch.Tensor, kth: torch.Tensor, k: int,
+def _by_value_then_index(vals: torch.Tensor, idx: torch.Tensor, k: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first k of rows ordered by (value, index) (value descending when ``largest``)."""
+    o = torch.argsort(idx, dim=1, stable=True)
+    vals, idx = vals.gather(1, o), idx.gather(1, o)
+    o = torch.argsort(vals, dim=1, stable=True, descending=largest)[:, :k]
+    return vals.gather(1, o), idx.gather(1, o)
+
+
+def _resolve_ties(scores: torch.Tensor, index: torch.Tensor | None, kth: torch.Tensor, k: int,
                   increasing: bool, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows whose k-th value ``kth`` is tied: every entry better than it, then the tied
-    entries of lowest index. With ``index`` increasing along the row (a block of keys) this is
-    one linear pass; otherwise (a short merge of two result lists) a full ordered sort."""
+    entries of lowest index (``index`` None: the column positions). With ``index`` increasing
+    along the row (a block of keys) this is one linear pass; otherwise (a short merge of two
+    result lists) a full ordered sort."""
+    def at(cols: torch.Tensor) -> torch.Tensor:
+        return cols if index is None else index.gather(1, cols)
+
     if not increasing:
         d, i = _select(scores, index, scores.shape[1], largest)
         return d[:, :k], i[:, :k]
+    window = min(scores.shape[1], 2 * k + 1)
+    if window < scores.shape[1]:  # the ties usually end within 2k + 1 entries
+        v, p = torch.topk(scores, window, dim=1, largest=largest, sorted=True)
+        if not bool((v[:, -1] == kth).any()):
+            return _by_value_then_index(v, at(p), k, largest)
     # the candidates (value at least as good as kth) in row-major order, tied ones by column
     good = scores >= kth[:, None] if largest else scores <= kth[:, None]
     r, c = torch.nonzero(good, as_tuple=True)
@@ -119,7 +128,7 @@ def _resolve_ties(scores: torch.Tensor, index: torch.Tensor, kth: torch.Tensor, 
     first_tie.scatter_reduce_(0, r[tie], tie_rank[tie], reduce="amin", include_self=False)
     keep = ~tie | (tie_rank - first_tie[r] < (k - better)[r])
     cols = c[keep].view(-1, k)  # exactly k per row, in column order
-    vals, idx = scores.gather(1, cols), index.gather(1, cols)
+    vals, idx = scores.gather(1, cols), at(cols)
     o = torch.argsort(vals, dim=1, stable=True, descending=largest)  # columns ascend with the index
     return vals.gather(1, o), idx.gather(1, o)
 
