@@ -64,8 +64,14 @@ class Backend:
         return out
 
     # ---------------------------------------------------------- to override
-    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
-        """Store key features ``psi`` for ``ids`` (``stored_ids`` are those already stored)."""
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False) -> None:
+        """Store key features ``psi`` for ``ids`` (``stored_ids`` are those already stored); ``upsert``:
+        some ``ids`` were just dropped with ``delete(..., replaced=True)`` and are written again."""
+        raise NotImplementedError
+
+    def delete(self, positions: np.ndarray, ids: np.ndarray, n: int, replaced: bool = False) -> None:
+        """Remove the keys at sorted ``positions`` (of ``ids``) among the ``n`` stored; later keys move up.
+        ``replaced``: the same ids are added again next (an upsert)."""
         raise NotImplementedError
 
     def reserve(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -73,10 +79,12 @@ class Backend:
         streams one batch in blocks); backends that keep features in memory allocate them once."""
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
-               positions_of: Callable[[np.ndarray], np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+               positions_of: Callable[[np.ndarray], np.ndarray],
+               allow: np.ndarray | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k ``(distances, positions)`` among the ``n`` stored keys; position −1 is a miss.
 
-        ``positions_of`` maps ids to positions (for backends that store ids).
+        ``positions_of`` maps ids to positions (for backends that store ids); ``allow`` restricts
+        the search to sorted positions (or, milvus, to the rows an expression selects).
         """
         raise NotImplementedError
 
@@ -103,6 +111,32 @@ class Backend:
 
     def saved_params(self) -> dict:
         return {k: v for k, v in self.params.items() if k not in self.SECRET}
+
+
+def id_array(ids: Any, name: str) -> np.ndarray:
+    """``ids`` (a sequence, numpy or torch array of integers) as a 1-D int64 array, or a ``ValueError``."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.detach().cpu().numpy()
+    arr = np.asarray(ids)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence of int ids, got shape {arr.shape}.")
+    if arr.size and (arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{name} must hold integer ids (int64), got dtype {arr.dtype}.")
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} must fit in int64.")
+    return arr.astype(np.int64)
+
+
+def allowed_blocks(blocks, allow: np.ndarray):
+    """The rows at sorted positions ``allow`` of the row blocks ``blocks`` (in position order), block by block."""
+    start = 0
+    for block in blocks:
+        lo, hi = np.searchsorted(allow, [start, start + block.shape[0]])
+        if hi > lo:
+            yield block[torch.from_numpy(allow[lo:hi] - start).to(block.device)]
+        start += block.shape[0]
 
 
 def shortlist_size(shortlist: int | None, k: int, n: int) -> int:
@@ -164,5 +198,6 @@ def warn_missing(positions: torch.Tensor, backend: str, hint: str) -> None:
         )
 
 
-__all__ = ["Backend", "DEFAULT_MEMORY_BUDGET", "positive_int", "margin_value", "shortlist_size",
+__all__ = ["Backend", "DEFAULT_MEMORY_BUDGET", "positive_int", "margin_value", "shortlist_size", "id_array",
+           "allowed_blocks",
            "query_blocks", "rerank", "warn_missing"]

@@ -83,6 +83,7 @@ class FaissBackend(Backend):
         self.index = None
         self.layout: VectorLayout | None = None
         self.nlist: int | None = None
+        self._reserved = 0  # rows announced by reserve() before the index exists
 
     # ------------------------------------------------------------ building
     def _new_index(self, vectors: np.ndarray):
@@ -109,13 +110,31 @@ class FaissBackend(Backend):
             self.nlist = nlist
         return index
 
-    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
+    def reserve(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
+        self._reserved = rows
+        if self.index is not None:
+            self._reserve_codes()
+
+    def _reserve_codes(self) -> None:
+        """Give the flat code array (of IndexFlat, or the storage of IndexHNSWFlat) its final capacity
+        at once: faiss grows it by doubling, which would peak at several times the stored vectors."""
+        rows, self._reserved = self._reserved, 0
+        flat = self.index if self.params["index_type"] == "flat" else (
+            self.faiss.downcast_index(self.index.storage) if self.params["index_type"] == "hnsw" else None)
+        if flat is None or rows == 0:
+            return
+        used = flat.ntotal * flat.code_size
+        flat.codes.resize(used + rows * flat.code_size)  # std::vector: shrinking keeps the capacity
+        flat.codes.resize(used)
+
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False) -> None:
         if self.layout is None:
             layout = VectorLayout.for_keys(self.euclidean, psi, self.params["norm_margin"], self.norm_bound)
             vectors = layout.keys(psi)
             index = self._new_index(vectors)
-            index.add(vectors)
             self.layout, self.index = layout, index
+            self._reserve_codes()
+            index.add(vectors)
         elif self.layout.fits(psi):
             self.index.add(self.layout.keys(psi))
         else:
@@ -130,20 +149,49 @@ class FaissBackend(Backend):
             index.add(vectors)
             self.layout, self.index = layout, index
 
+    def delete(self, positions: np.ndarray, ids: np.ndarray, n: int, replaced: bool = False) -> None:
+        if self.params["index_type"] == "flat":  # flat codes are compacted in place, order kept
+            self.index.remove_ids(self.faiss.IDSelectorBatch(positions.astype(np.int64)))
+            return
+        # HNSW graphs cannot drop nodes, IVF lists number their rows: rebuild from the remaining keys,
+        # a block at a time (IVF keeps its trained centroids)
+        keep = np.setdiff1d(np.arange(n), positions)
+        old = self.index
+        index = self._new_index(np.zeros((0, self.layout.vector_dim), np.float32)) \
+            if self.params["index_type"] == "hnsw" else self.faiss.clone_index(old)
+        if self.params["index_type"] == "ivf":
+            index.reset()
+        for s in range(0, keep.size, 1 << 16):
+            index.add(old.reconstruct_batch(keep[s:s + (1 << 16)].astype(np.int64)))
+        self.index = index
+
     # ------------------------------------------------------------ searching
-    def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
-               positions_of: Callable[[np.ndarray], np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        p, index = self.params, self.index
-        s = shortlist_size(p["shortlist"], k, n)
+    def _search_parameters(self, s: int, allow: np.ndarray | None):
+        """faiss search parameters: list sizes, and an ``IDSelectorBatch`` of the allowed positions."""
+        faiss, p = self.faiss, self.params
+        sel = {} if allow is None else {"sel": faiss.IDSelectorBatch(allow.astype(np.int64))}
         if p["index_type"] == "hnsw":
-            index.hnsw.efSearch = max(p["ef_search"], s)
-        elif p["index_type"] == "ivf":
-            index.nprobe = min(p["nprobe"], self.nlist)
+            return faiss.SearchParametersHNSW(efSearch=max(p["ef_search"], s), **sel)
+        if p["index_type"] == "ivf":
+            return faiss.SearchParametersIVF(nprobe=min(p["nprobe"], self.nlist), **sel)
+        return faiss.SearchParameters(**sel)
+
+    def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
+               positions_of: Callable[[np.ndarray], np.ndarray],
+               allow: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shortlist from faiss (restricted by an ``IDSelectorBatch`` to the ``allow`` positions), re-ranked
+        exactly; an allow-list no longer than the shortlist is itself the shortlist (an exact answer)."""
+        p, index = self.params, self.index
+        s = shortlist_size(p["shortlist"], k, n if allow is None else allow.size)
+        params = self._search_parameters(s, allow)
         per_query = s * (self.layout.vector_dim + 2) * (8 + phi.element_size())
         out_d, out_p = [], []
         for sl in query_blocks(phi.shape[0], per_query, p["memory_budget"]):
             y = self.layout.queries(phi[sl])
-            _, cand = index.search(y, s)
+            if allow is not None and allow.size <= s:
+                cand = np.broadcast_to(allow, (y.shape[0], allow.size))
+            else:
+                _, cand = index.search(y, s, params=params)
             valid = cand >= 0
             vecs = np.zeros((cand.shape[0], s, self.layout.vector_dim), dtype=np.float32)
             if valid.any():

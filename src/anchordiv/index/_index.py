@@ -10,10 +10,10 @@ import torch
 
 from .._backend import positive_int
 from ..models.base import EuclideanModel, Geometry
-from ._common import Backend
+from ._common import Backend, id_array
 from ._exact import ExactBackend
 from ._faiss import FaissBackend
-from ._milvus import MilvusBackend
+from ._milvus import ID_FIELD, MilvusBackend
 from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, block_shape, knn, smallest_k
 from ._storage import FORMAT, VERSION, atomic_save, geometry_from_dict, geometry_to_dict, read_payload
 
@@ -156,28 +156,26 @@ class Index:
             raise ValueError(f"{name} has dimension {t.shape[1]} but this index holds vectors of dimension {self._dim}.")
         return t, kind
 
-    def _new_ids(self, ids: Any, n: int) -> np.ndarray:
+    def _new_ids(self, ids: Any, n: int, replace: bool = False) -> np.ndarray:
+        """Checked ids of ``n`` new rows (default: continuing len(index)); with ``replace``, ids
+        already stored are allowed (an upsert)."""
         if ids is None:
+            if replace:
+                raise ValueError("upsert needs ids=: the ids of the rows to insert or replace.")
             new = np.arange(len(self), len(self) + n, dtype=np.int64)
         else:
-            if isinstance(ids, torch.Tensor):
-                ids = ids.detach().cpu().numpy()
-            arr = np.asarray(ids)
-            if arr.ndim != 1 or arr.shape[0] != n:
-                raise ValueError(f"ids must be a 1-D sequence of {n} ints (one per row of G), got shape {arr.shape}.")
-            if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-                raise ValueError(f"ids must be integers (int64), got dtype {arr.dtype}.")
-            if arr.dtype == np.uint64 and n and int(arr.max()) > np.iinfo(np.int64).max:
-                raise ValueError("ids must fit in int64.")
-            new = arr.astype(np.int64)
+            new = id_array(ids, "ids")
+            if new.shape[0] != n:
+                raise ValueError(f"ids must be a 1-D sequence of {n} ints (one per row of G), got shape {new.shape}.")
         uniq, counts = np.unique(new, return_counts=True)
         if (counts > 1).any():
             dup = uniq[counts > 1]
             raise ValueError(f"Duplicate ids within this batch: {dup[:5].tolist()}{' ...' if len(dup) > 5 else ''}.")
         clash = new[np.isin(new, self._ids)]
-        if clash.size:
+        if clash.size and not replace:
             raise ValueError(
-                f"ids already in the index: {clash[:5].tolist()}{' ...' if clash.size > 5 else ''}; every id must be unique."
+                f"ids already in the index: {clash[:5].tolist()}{' ...' if clash.size > 5 else ''}; every id must be "
+                "unique (use upsert to replace stored vectors)."
             )
         return new
 
@@ -223,20 +221,72 @@ class Index:
         beyond what the backend stores.
         """
         g, _ = self._vectors(G, "G")
-        new = self._new_ids(ids, g.shape[0])
+        self._add(g, self._new_ids(ids, g.shape[0]))
+        return self
+
+    def _add(self, g: torch.Tensor, new: np.ndarray, upsert: bool = False) -> None:
+        """Store the key features of ``g`` under the (checked) ids ``new``, a budget-sized block at a time."""
         budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
         width = self._feature_width(g)  # the feature width sets the block
         rows = block_shape(1, g.shape[0], width, g.element_size(), 1, budget)[1]
         self._backend.reserve(g.shape[0], width, g.dtype, g.device)
         for start in range(0, g.shape[0], rows):
             block = slice(start, start + rows)
-            self._backend.add(self._model._key_terms(g[block], self._symmetric), new[block], self._ids)
-            self._ids = np.concatenate([self._ids, new[block]])
-            self._lookup = None
+            self._add_keys(self._model._key_terms(g[block], self._symmetric), new[block], upsert)
         self._dim = int(g.shape[1])
+
+    def _add_keys(self, psi: torch.Tensor, new: np.ndarray, upsert: bool = False) -> None:
+        self._backend.add(psi, new, self._ids, upsert=upsert)
+        self._ids = np.concatenate([self._ids, new])
+        self._lookup = None
+
+    def upsert(self, G: Any, ids: Any) -> "Index":
+        """Insert the rows of ``G`` under ``ids``, replacing the stored vectors of ids already present.
+
+        A replaced vector is stored as a newly added one (it moves to the end of the
+        insertion order that breaks ties). On Milvus the rows are written with Milvus'
+        upsert, so a repeated call (a retried task) leaves one row per id.
+
+        Returns
+        -------
+        Index
+            self.
+        """
+        g, _ = self._vectors(G, "G")
+        new = self._new_ids(ids, g.shape[0], replace=True)
+        positions, found = self._find(new)
+        if found.any():
+            self._drop(positions[found], new[found], replaced=True)
+        self._add(g, new, upsert=True)
         return self
 
-    def search(self, Q: Any, k: int = 10, exclude: Any = None) -> tuple[Any, Any]:
+    def delete(self, ids: Any) -> "Index":
+        """Remove the vectors of ``ids`` (each must be stored); the others keep their order.
+
+        faiss ``hnsw`` and ``ivf`` indexes are rebuilt from the remaining vectors (an HNSW
+        graph cannot drop nodes; the IVF lists keep their trained centroids).
+
+        Returns
+        -------
+        Index
+            self.
+        """
+        gone = id_array(ids, "ids")
+        positions, found = self._find(gone)
+        if not found.all():
+            missing = gone[~found]
+            raise ValueError(f"ids not in the index: {missing[:5].tolist()}{' ...' if missing.size > 5 else ''}; "
+                             "delete only stored ids (see index.ids).")
+        self._drop(np.unique(positions), np.unique(gone))
+        return self
+
+    def _drop(self, positions: np.ndarray, ids: np.ndarray, replaced: bool = False) -> None:
+        positions = np.unique(positions)
+        self._backend.delete(positions, ids, len(self), replaced=replaced)
+        self._ids = np.delete(self._ids, positions)
+        self._lookup = None
+
+    def search(self, Q: Any, k: int = 10, exclude: Any = None, filter: Any = None) -> tuple[Any, Any]:
         """The k stored vectors closest to each query.
 
         Parameters
@@ -247,6 +297,13 @@ class Index:
             Neighbours per query, at most ``len(index)``.
         exclude : array-like (|Q|,) or (|Q|, e) of int, optional
             Ids that each query must not return (−1 for none), e.g. a query's own id.
+        filter : array-like of int or str, optional
+            Search only these ids (an allow-list; ids not stored are ignored), on every
+            backend: exact restricts the blocked scan, faiss passes an ``IDSelectorBatch``
+            in its search parameters, milvus an ``id in [...]`` expression. A string is a
+            Milvus boolean expression on the collection's scalar fields (e.g.
+            ``'label == "cat" and id > 10'``), milvus only; queries with fewer than k
+            matching rows get id −1 and distance inf for the rest.
 
         Returns
         -------
@@ -264,12 +321,13 @@ class Index:
         if k > len(self):
             raise ValueError(f"k={k} exceeds the {len(self)} vectors in the index; pass k <= {len(self)}.")
         q, kind = self._vectors(Q, "Q")
+        allow = None if filter is None else self._allowed(filter, k)
         ex = None if exclude is None else self._excluded_positions(exclude, q.shape[0], k, q.device)
         # the query features are made a block at a time, within the key share of the budget
         budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
         width = self._feature_width(q)
         rows = block_shape(1, q.shape[0], width, q.element_size(), 1, budget)[1]
-        parts = [self._search_block(q[s:s + rows], k, None if ex is None else ex[s:s + rows])
+        parts = [self._search_block(q[s:s + rows], k, None if ex is None else ex[s:s + rows], allow)
                  for s in range(0, q.shape[0], rows)]
         dist, pos = torch.cat([d for d, _ in parts]), torch.cat([p for _, p in parts])
         pos_np = pos.cpu().numpy()
@@ -284,15 +342,34 @@ class Index:
             self._width = int(self._model._key_terms(X[:1], self._symmetric).shape[1])
         return self._width
 
-    def _search_block(self, q: torch.Tensor, k: int, ex: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _allowed(self, filter: Any, k: int) -> np.ndarray | str:
+        """Sorted stored positions of an id allow-list, or a Milvus expression (milvus only)."""
+        if isinstance(filter, str):
+            if not isinstance(self._backend, MilvusBackend):
+                raise ValueError(
+                    f"filter={filter!r} is a Milvus expression, which the {self.backend!r} backend cannot evaluate; "
+                    "pass an array of allowed ids (or use backend='milvus')."
+                )
+            return filter
+        ids = id_array(filter, "filter")
+        positions, found = self._find(ids)
+        positions = np.unique(positions[found])
+        if k > positions.size:
+            raise ValueError(f"k={k} exceeds the {positions.size} stored ids that filter allows; pass a smaller k.")
+        if isinstance(self._backend, MilvusBackend):
+            return f"{ID_FIELD} in [{', '.join(str(int(i)) for i in self._ids[positions])}]"
+        return positions
+
+    def _search_block(self, q: torch.Tensor, k: int, ex: torch.Tensor | None,
+                      allow: np.ndarray | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         offsets, phi = self._model._query_terms(q, self._symmetric)
         if ex is None:
-            return self._backend.search(offsets, phi, k, len(self), self._positions_of)
+            return self._backend.search(offsets, phi, k, len(self), self._positions_of, allow=allow)
         if isinstance(self._backend, ExactBackend):
-            return self._backend.search(offsets, phi, k, len(self), self._positions_of, exclude=ex)
+            return self._backend.search(offsets, phi, k, len(self), self._positions_of, exclude=ex, allow=allow)
         # an approximate index: fetch e more candidates, drop the excluded ones
-        extra = min(len(self), k + ex.shape[1])
-        dist, pos = self._backend.search(offsets, phi, extra, len(self), self._positions_of)
+        extra = min(len(self) if allow is None or isinstance(allow, str) else allow.size, k + ex.shape[1])
+        dist, pos = self._backend.search(offsets, phi, extra, len(self), self._positions_of, allow=allow)
         dropped = (pos[:, :, None] == ex[:, None, :]).any(-1) | (pos < 0)
         dist, pos = smallest_k(dist.masked_fill(dropped, torch.inf), pos.masked_fill(dropped, NO_INDEX), k)
         return dist, pos.masked_fill(pos == NO_INDEX, -1)
@@ -313,7 +390,7 @@ class Index:
 
     def _excluded_positions(self, exclude: Any, n_q: int, k: int, device: torch.device) -> torch.Tensor:
         """Positions (n_q, e) of the ids each query excludes (−1: none); unknown ids are ignored."""
-        ids = exclude.detach().cpu().numpy() if isinstance(exclude, torch.Tensor) else np.asarray(exclude)
+        ids = exclude.detach().cpu().numpy() if isinstance(exclude, torch.Tensor) else np.asarray(exclude)  # (n_q, e)
         if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
             raise ValueError(f"exclude must hold integer ids (−1 for none), got dtype {ids.dtype}.")
         ids = ids.astype(np.int64).reshape(n_q, -1) if ids.ndim == 1 and ids.shape[0] == n_q else ids.astype(np.int64)

@@ -96,8 +96,9 @@ def model_digest(model: Any) -> str:
     return f"{name}:{h.hexdigest()}"
 
 
-def ids_digest(ids: np.ndarray, previous: str | None = None) -> str:
-    """Order-independent ``"<count>:<hash>"`` of an id set; ``previous`` is the digest of the ids stored before.
+def ids_digest(ids: np.ndarray, previous: str | None = None, removed: bool = False) -> str:
+    """Order-independent ``"<count>:<hash>"`` of an id set; ``previous`` is the digest of the ids stored before,
+    to which ``ids`` are added (or from which they are ``removed``).
 
     The hash is the sum modulo 2⁶⁴ of splitmix64(id), so it is updated per batch.
     """
@@ -106,8 +107,9 @@ def ids_digest(ids: np.ndarray, previous: str | None = None) -> str:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z = z ^ (z >> np.uint64(31))
-    total = (total + int(z.sum(dtype=np.uint64))) & _MASK
-    return f"{count + len(z)}:{total:016x}"
+    sign = -1 if removed else 1
+    total = (total + sign * int(z.sum(dtype=np.uint64))) & _MASK
+    return f"{count + sign * len(z)}:{total:016x}"
 
 
 def _short(value: Any) -> Any:
@@ -377,7 +379,15 @@ class MilvusBackend(Backend):
             out.append(np.asarray([found[i] for i in chunk], dtype=np.float32))
         return np.concatenate(out) if out else np.zeros((0, self.layout.vector_dim), np.float32)
 
-    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray) -> None:
+    def delete(self, positions: np.ndarray, ids: np.ndarray, n: int, replaced: bool = False) -> None:
+        """Delete the rows of ``ids`` (kept when ``replaced``: the upsert that follows overwrites them)."""
+        self._check()
+        if not replaced:
+            for s in range(0, len(ids), GET_BATCH):
+                self.client.delete(self.params["collection_name"], ids=[int(i) for i in ids[s:s + GET_BATCH]])
+        self._set_fingerprint({**self.fingerprint, "ids": ids_digest(ids, self.fingerprint["ids"], removed=True)})
+
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False) -> None:
         if self.created:
             self._check()
         layout = self.layout
@@ -399,7 +409,7 @@ class MilvusBackend(Backend):
         if not self.created:
             self._create(vectors.shape[1], layout.max_norm)
         try:
-            self._write(ids, vectors)
+            self._write(ids, vectors, upsert=upsert)
             if self.fingerprint is not None:
                 self._set_fingerprint({**self.fingerprint, "M": layout.max_norm,
                                        "ids": ids_digest(ids, self.fingerprint["ids"])})
@@ -440,7 +450,9 @@ class MilvusBackend(Backend):
         return {"metric_type": self.metric, "params": extra}
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
-               positions_of: Callable[[np.ndarray], np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+               positions_of: Callable[[np.ndarray], np.ndarray],
+               allow: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shortlist from Milvus (among the rows the boolean expression ``allow`` selects), re-ranked exactly."""
         if k > MAX_LIMIT:
             raise ValueError(f"k={k} exceeds the {MAX_LIMIT} results a Milvus search returns; use a smaller k.")
         self._check()
@@ -453,7 +465,7 @@ class MilvusBackend(Backend):
             y = layout.queries(phi[sl])
             hits = self.client.search(p["collection_name"], data=list(y), limit=s, anns_field=VECTOR_FIELD,
                                       search_params=self._search_params(s), output_fields=[VECTOR_FIELD],
-                                      consistency_level=p["consistency_level"])
+                                      consistency_level=p["consistency_level"], filter=allow or "")
             cand = np.full((len(y), s), -1, dtype=np.int64)
             valid = np.zeros((len(y), s), dtype=bool)  # not cand >= 0: ids may be negative
             vecs = np.zeros((len(y), s, layout.vector_dim), dtype=np.float32)
@@ -469,7 +481,7 @@ class MilvusBackend(Backend):
             out_d.append(d)
             out_p.append(i)
         d, i = torch.cat(out_d), torch.cat(out_p)
-        warn_missing(i, "milvus", "Raise nprobe (IVF_FLAT) or ef_search (HNSW).")
+        warn_missing(i, "milvus", "Fewer rows match the filter, or raise nprobe (IVF_FLAT) or ef_search (HNSW).")
         return d, i
 
     # ---------------------------------------------------------------- state

@@ -1,0 +1,139 @@
+"""Index.search(filter=...), Index.delete and Index.upsert on every backend (exact, faiss,
+milvus-lite and a Milvus server), against a float64 brute force of the model's divergence."""
+
+import numpy as np
+import pytest
+
+import anchordiv as ad
+from anchordiv.index import Index
+
+from conftest import GEOMETRY_PARAMS, MILVUS_KINDS, collection_namer, unit_rows
+
+N = 60
+new_collection = collection_namer("f")
+
+BACKENDS = {
+    "exact": ("exact", {}),
+    "faiss-flat": ("faiss", dict(index_type="flat")),
+    "faiss-hnsw": ("faiss", dict(index_type="hnsw", M=8, ef_construction=64, ef_search=N, shortlist=N)),
+    "faiss-ivf": ("faiss", dict(index_type="ivf", nlist=4, nprobe=4)),
+    **{f"milvus-{kind}": ("milvus", dict(index_type="FLAT")) for kind in MILVUS_KINDS},
+}
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(21)
+    d = 10
+    center = rng.normal(size=d)
+    anchors = unit_rows(rng, 40, d, center)
+    G = unit_rows(rng, N, d, center).astype(np.float32)
+    Q = unit_rows(rng, 6, d, center).astype(np.float32)
+    extra = unit_rows(rng, 12, d, center).astype(np.float32)
+    return anchors, Q, G, extra
+
+
+@pytest.fixture(scope="module", params=["softmax", "gaussian"])
+def model(request, data):
+    return ad.make_model(request.param, **GEOMETRY_PARAMS[request.param]).fit(data[0])
+
+
+def make(name, model, request):
+    backend, params = BACKENDS[name]
+    if backend == "milvus":
+        params = dict(request.getfixturevalue(name.replace("-", "_")), collection_name=new_collection(), **params)
+    return Index(model, backend, **params)
+
+
+def brute_force(model, Q, vectors, ids, k):
+    """Top-k ids and d_sym = ½[d(q‖g) + d(g‖q)] in float64 from ``model.divergence`` of every pair."""
+    Q64, V64 = np.asarray(Q, np.float64), np.asarray(vectors, np.float64)
+    qq, gg = np.repeat(Q64, len(V64), axis=0), np.tile(V64, (len(Q64), 1))
+    d = 0.5 * (np.asarray(model.divergence(qq, gg)) + np.asarray(model.divergence(gg, qq)))
+    d = d.reshape(len(Q64), len(V64))
+    order = np.argsort(d, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(d, order, 1), np.asarray(ids)[order]
+
+
+def assert_matches(index, model, Q, vectors, ids, k=8, **search):
+    ref_d, ref_i = brute_force(model, Q, vectors, ids, k)
+    dist, got = index.search(Q, k=k, **search)
+    np.testing.assert_array_equal(got, ref_i)
+    np.testing.assert_allclose(dist, ref_d, rtol=1e-4, atol=1e-4 * float(np.abs(ref_d).max()))
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_filter_delete_upsert_equal_brute_force(name, model, data, request, tmp_path):
+    _, Q, G, extra = data
+    ids = np.arange(N, dtype=np.int64) * 3 + 1000
+    index = make(name, model, request).add(G, ids=ids)
+
+    # an allow-list: the exact top-k among those ids only (unknown ids are ignored)
+    allowed = np.r_[ids[5:45:2], [-7, 99999]]
+    keep = np.isin(ids, allowed)
+    assert_matches(index, model, Q, G[keep], ids[keep], filter=allowed)
+    assert_matches(index, model, Q, G[keep][:6], ids[keep][:6], k=4, filter=ids[keep][:6])  # shorter than a shortlist
+    with pytest.raises(ValueError, match="k=21 exceeds the 20 stored ids that filter allows"):
+        index.search(Q, k=21, filter=allowed)
+    # with exclude as well: the query's excluded id is skipped among the allowed ones
+    ref_i = brute_force(model, Q, G[keep], ids[keep], 1)[1][:, 0]
+    d, got = index.search(Q, k=5, filter=allowed, exclude=ref_i)
+    assert not (got == ref_i[:, None]).any() and np.isin(got, allowed).all()
+
+    # delete: the others keep their order; the result is the brute force over what is left
+    gone = ids[[0, 7, 8, 30, 59]]
+    index.delete(gone)
+    left = ~np.isin(ids, gone)
+    assert len(index) == N - 5
+    np.testing.assert_array_equal(index.ids, ids[left])
+    assert_matches(index, model, Q, G[left], ids[left])
+
+    # upsert: replace 4 stored vectors, insert 4 new ids
+    up_ids = np.r_[ids[[1, 2, 40, 41]], [5000, 5001, 5002, 5003]]
+    index.upsert(extra[:8], ids=up_ids)
+    index.upsert(extra[:8], ids=up_ids)  # a retried upsert changes nothing
+    vectors = {int(i): v for i, v in zip(ids[left], G[left])} | {int(i): v for i, v in zip(up_ids, extra[:8])}
+    final_ids = np.array(sorted(vectors))
+    final = np.stack([vectors[int(i)] for i in final_ids])
+    assert len(index) == len(final_ids) and set(index.ids.tolist()) == set(final_ids.tolist())
+    assert_matches(index, model, Q, final, final_ids)
+    assert_matches(index, model, Q, final[final_ids > 1100], final_ids[final_ids > 1100],
+                   filter=final_ids[final_ids > 1100])
+
+    # save and load keep the result
+    index.save(tmp_path / "f.index")
+    extra_params = {} if BACKENDS[name][0] != "milvus" else request.getfixturevalue(name.replace("-", "_"))
+    loaded = Index.load(tmp_path / "f.index", **extra_params)
+    assert_matches(loaded, model, Q, final, final_ids)
+    np.testing.assert_array_equal(loaded.ids, index.ids)
+
+
+@pytest.mark.parametrize("kind", MILVUS_KINDS)
+def test_milvus_expression_filter(kind, model, data, request):
+    _, Q, G, _ = data
+    ids = np.arange(N, dtype=np.int64) * 3 + 1000
+    index = make(f"milvus-{kind}", model, request).add(G, ids=ids)
+    sel = (ids >= 1060) & (ids < 1150)
+    assert_matches(index, model, Q, G[sel], ids[sel], filter="id >= 1060 and id < 1150")
+    with pytest.warns(RuntimeWarning, match="fewer than k"):
+        _, got = index.search(Q, k=5, filter="id < 1006")  # two rows match
+    np.testing.assert_array_equal(np.sort(got[:, :2], axis=1), np.tile([1000, 1003], (len(Q), 1)))
+    assert (got[:, 2:] == -1).all()
+
+
+def test_bad_filters_deletes_and_upserts(data):
+    anchors, Q, G, _ = data
+    index = Index(ad.make_model("gaussian", tau=0.05).fit(anchors)).add(G)
+    with pytest.raises(ValueError, match="Milvus expression.*'exact' backend.*array of allowed ids"):
+        index.search(Q, k=3, filter="id > 3")
+    with pytest.raises(ValueError, match="filter must hold integer ids"):
+        index.search(Q, k=3, filter=[0.5, 1.5])
+    with pytest.raises(ValueError, match=r"ids not in the index: \[777\]"):
+        index.delete([3, 777])
+    assert len(index) == N  # nothing deleted
+    with pytest.raises(ValueError, match="upsert needs ids="):
+        index.upsert(G[:2], ids=None)
+    with pytest.raises(ValueError, match="Duplicate ids"):
+        index.upsert(G[:2], ids=[4, 4])
+    with pytest.raises(ValueError, match="use upsert to replace"):
+        index.add(G[:2], ids=[4, 5])
