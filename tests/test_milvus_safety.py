@@ -229,3 +229,24 @@ def test_numpy_integer_parameters(data, models, milvus, tmp_path):
     assert (i2.params["nprobe"], type(i2.params["memory_budget"])) == (4, int)
     assert_exact(h2, m, Q, G, np.arange(N))
     assert_exact(i2, m, Q, G, np.arange(N))
+
+
+# ------------------------------------------------- 5. authorization
+def test_token_reaches_only_a_server_with_authorization_that_it_names(data, models, milvus_auth_server, tmp_path):
+    """On a server with authorization enabled, a token opens the collection; the index file never
+    holds it, and a load sends it only with a uri given in the same call."""
+    from pymilvus import MilvusException
+
+    _, Q, G = data
+    m, conn, name, path = models["softmax"], milvus_auth_server, collection(), tmp_path / "auth.index"
+    with pytest.raises(MilvusException, match="(?i)auth|credential|password|denied|illegal connection params"):
+        Index(m, "milvus", uri=conn["uri"], collection_name=name).add(G)
+    index = Index(m, "milvus", **conn, collection_name=name).add(G)
+    assert_exact(index, m, Q, G, np.arange(N))
+    index.save(path)
+    assert conn["token"].encode() not in path.read_bytes()
+    with pytest.raises(ValueError, match="a token is sent only to a uri you name"):
+        Index.load(path, token=conn["token"])
+    with pytest.raises(MilvusException, match="(?i)auth|credential|password|denied|illegal connection params"):
+        Index.load(path)  # the file's uri, no credentials
+    assert_exact(Index.load(path, **conn), m, Q, G, np.arange(N))
