@@ -51,6 +51,7 @@ needs installed); the older milvus-lite 2.x releases serve FLAT (and IVF_FLAT fr
 or machines share one gallery through a Milvus server.
 """
 
+from ._build import build_index
 from ._index import BACKENDS, Index
 
-__all__ = ["Index", "BACKENDS"]
+__all__ = ["Index", "BACKENDS", "build_index"]
