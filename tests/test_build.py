@@ -4,10 +4,12 @@ mid-build changes nothing."""
 
 import os
 import signal
+from pathlib import Path
 import threading
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import anchordiv as ad
@@ -33,8 +35,11 @@ def data(tmp_path_factory):
     Q = unit_rows(rng, 9, d, center).astype(np.float32)
     root = tmp_path_factory.mktemp("coll")
     (root / "img_emb").mkdir()
+    (root / "metadata").mkdir()
+    labels = pd.DataFrame({"label": rng.choice(["a", "b"], len(G)), "rank": np.arange(len(G))})
     for i, (a, b) in enumerate(zip(np.cumsum((0,) + SHARDS[:-1]), np.cumsum(SHARDS))):
         np.save(root / "img_emb" / f"img_emb_{i}.npy", G[a:b])
+        labels.iloc[a:b].to_parquet(root / "metadata" / f"metadata_{i}.parquet", index=False)
     return str(root), anchors, G, Q
 
 
@@ -101,7 +106,15 @@ def test_dask_build_equals_one_process_build(backend, data, model, client, reque
     on_cluster = build_index(model, root, name, client=client, shard_rows=40, progress=False, **params)
     if name == "milvus":
         params = dict(params, collection_name=new_collection())
-    assert_same(on_cluster, build_index(model, root, name, progress=False, **params), Q)
+    one = build_index(model, root, name, progress=False, **params)
+    assert_same(on_cluster, one, Q)
+    if name == "milvus":  # the metadata shards became scalar fields
+        for index in (on_cluster, one):
+            _, ids = index.search(Q, k=5, filter='label == "a" and rank >= 100')
+            labels = pd.concat([pd.read_parquet(f) for f in sorted((Path(root) / "metadata").iterdir())])
+            assert (labels.label.to_numpy()[ids] == "a").all() and (ids >= 100).all()
+        np.testing.assert_array_equal(on_cluster.search(Q, k=5, filter='label == "a"')[1],
+                                      one.search(Q, k=5, filter='label == "a"')[1])
 
 
 @pytest.mark.parametrize("backend", ["exact", "milvus-server"])

@@ -137,3 +137,49 @@ def test_bad_filters_deletes_and_upserts(data):
         index.upsert(G[:2], ids=[4, 4])
     with pytest.raises(ValueError, match="use upsert to replace"):
         index.add(G[:2], ids=[4, 5])
+
+
+@pytest.mark.parametrize("kind", MILVUS_KINDS)
+def test_milvus_schema_raw_embedding_and_metadata_fields(kind, data, request):
+    """The collection holds id, vec, the raw embedding (a second vector field, or a companion
+    collection on Milvus 2.3) and the metadata as scalar fields, which filter expressions use."""
+    import pandas as pd
+    from pymilvus import MilvusClient
+
+    anchors, Q, G, extra = data
+    m = ad.make_model("softmax", **GEOMETRY_PARAMS["softmax"]).fit(anchors)
+    rng = np.random.default_rng(4)
+    meta = pd.DataFrame({"label": rng.choice(["cat", "dog", "car"], N), "score": rng.random(N),
+                         "flag": rng.random(N) > 0.5, "year": rng.integers(1990, 2030, N)})
+    conn = request.getfixturevalue(f"milvus_{kind}")
+    name = new_collection()
+    index = Index(m, "milvus", **conn, collection_name=name).add(G, metadata=meta)
+    client = MilvusClient(uri=index.params["uri"], token=conn["token"] or "")
+    try:
+        fields = {f["name"]: f for f in client.describe_collection(name)["fields"]}
+        types = {k: f["type"].name for k, f in fields.items()}
+        assert fields["id"]["is_primary"] and types["id"] == "INT64" and types["vec"] == "FLOAT_VECTOR"
+        assert (types["label"], types["score"], types["flag"], types["year"]) == ("VARCHAR", "DOUBLE", "BOOL", "INT64")
+        companion = kind == "server" and not client.get_server_version().startswith(("v2.4", "v2.5", "v2.6"))
+        where = f"{name}_embedding" if companion else name
+        assert ("embedding" in types) != companion and client.has_collection(f"{name}_embedding") == companion
+        got = client.get(where, ids=[0, 17, 59], output_fields=["embedding"])
+        np.testing.assert_allclose(np.array([r["embedding"] for r in sorted(got, key=lambda r: r["id"])]),
+                                   G[[0, 17, 59]], rtol=1e-6)
+        row = client.get(name, ids=[17], output_fields=["label", "score", "flag", "year"])[0]
+        assert (row["label"], row["flag"], row["year"]) == (meta.label[17], bool(meta.flag[17]), int(meta.year[17]))
+        # filter expressions on the metadata fields
+        sel = ((meta.label == "cat") & (meta.score > 0.3)).to_numpy()
+        assert_matches(index, m, Q, G[sel], np.arange(N)[sel], k=min(5, int(sel.sum())),
+                       filter='label == "cat" and score > 0.3')
+        # upsert rewrites the row's metadata; delete removes the raw embedding too
+        index.upsert(extra[:1], ids=[17], metadata=meta.iloc[[17]].assign(label="bird"))
+        assert client.get(name, ids=[17], output_fields=["label"])[0]["label"] == "bird"
+        index.delete([59])
+        assert client.get(where, ids=[59], output_fields=["embedding"]) == []
+        with pytest.raises(ValueError, match="metadata must have the columns"):
+            index.add(extra[1:3], ids=[900, 901])
+        with pytest.raises(ValueError, match="milvus backend only"):
+            Index(m).add(G, metadata=meta)
+    finally:
+        client.close()

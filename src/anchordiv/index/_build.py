@@ -37,12 +37,14 @@ DEFAULT_SHARD_ROWS = 1 << 16
 
 @dataclass(frozen=True)
 class Shard:
-    """Rows ``start:stop`` of an embedding file (or array) ``source``; global rows from ``offset``."""
+    """Rows ``start:stop`` of an embedding file (or array) ``source``; global rows from ``offset``;
+    ``meta``: the metadata parquet file (or DataFrame) whose rows match ``source``'s, if any."""
 
     source: Any
     start: int
     stop: int
     offset: int
+    meta: Any = None
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -57,6 +59,17 @@ class Shard:
         part = rows[self.start:self.stop]
         return np.array(part, dtype=np.float64 if part.dtype == np.float64 else np.float32)
 
+    def read_metadata(self) -> Any:
+        """The shard's metadata rows (a pandas DataFrame), or None."""
+        if self.meta is None:
+            return None
+        if isinstance(self.meta, str):
+            from ..io.readers import _read_parquet
+
+            table = _read_parquet(Path(self.meta))
+            return table.slice(self.start, self.stop - self.start).to_pandas()
+        return self.meta.iloc[self.start:self.stop].reset_index(drop=True)
+
 
 def collection_shards(collection: Any, shard_rows: int | None = None) -> list[Shard]:
     """The shards of a collection folder (one per embedding file, clip-retrieval layout), of a
@@ -66,28 +79,30 @@ def collection_shards(collection: Any, shard_rows: int | None = None) -> list[Sh
     step = positive_int(DEFAULT_SHARD_ROWS if shard_rows is None else shard_rows, "shard_rows")
     if isinstance(collection, (str, os.PathLike)):
         p = Path(collection)
+        metas: list = []
         if p.is_dir() and (p / MANIFEST_NAME).is_file():
-            files = _manifest_files(p, _manifest_of(p, None), allow_partial=False)[0]
+            files, metas = _manifest_files(p, _manifest_of(p, None), allow_partial=False)
         elif p.is_dir() and (kind := _layout_kind(p, None)) is not None:
-            files = _numbered_files(p, kind)[0]
+            files, metas = _numbered_files(p, kind)
         elif p.is_file() and p.suffix.lower() == ".npy":
             files = [p]
         else:
             raise ValueError(f"collection {str(p)!r} is not a collection folder (img_emb/ or text_emb/ shards) or a "
                              ".npy file; load other inputs with ad.load_collection and pass the embeddings.")
-        sources = [(str(f), np.load(f, mmap_mode="r", allow_pickle=False).shape[0]) for f in files]
+        metas = [str(m) for m in metas] or [None] * len(files)
+        sources = [(str(f), np.load(f, mmap_mode="r", allow_pickle=False).shape[0], m) for f, m in zip(files, metas)]
         step = step if len(files) == 1 else None  # a collection's own shards are the tasks
     else:
         rows = np.asarray(getattr(collection, "embeddings", collection))
         if rows.ndim != 2:
             raise ValueError(f"collection must be a collection path or an (n, d) array, got shape {rows.shape}.")
-        sources = [(rows, rows.shape[0])]
+        sources = [(rows, rows.shape[0], getattr(collection, "metadata", None))]
     shards, offset = [], 0
-    for source, n in sources:
+    for source, n, meta in sources:
         cut = step or max(n, 1)
         for start in range(0, n, cut):
             stop = min(n, start + cut)
-            shards.append(Shard(source, start, stop, offset + start))
+            shards.append(Shard(source, start, stop, offset + start, meta))
         offset += n
     return shards
 
@@ -112,17 +127,21 @@ def shard_features(model: Geometry, symmetric: bool, shard: Shard, budget: int) 
     return out
 
 
-def shard_upsert(model: Geometry, symmetric: bool, shard: Shard, budget: int, params: dict, layout: dict) -> int:
+def shard_upsert(model: Geometry, symmetric: bool, shard: Shard, budget: int, params: dict, state: dict) -> int:
     """Upsert one shard's rows into the Milvus collection (a Dask task of a milvus build); its row count."""
-    from ._milvus import MilvusBackend
+    from ._milvus import EMBEDDING_FIELD, MilvusBackend
 
     backend = MilvusBackend(params, isinstance(model, EuclideanModel), create=False)
     try:
-        backend.layout, backend.created = VectorLayout.from_state(layout), True
-        ids = shard.ids
-        for start, psi in _key_blocks(model, symmetric, shard.read(), budget):
+        backend.layout, backend.created = VectorLayout.from_state(state["layout"]), True
+        backend.fields, backend.raw = state["fields"], state["raw"]
+        ids, x, metadata = shard.ids, shard.read(), shard.read_metadata()
+        for start, psi in _key_blocks(model, symmetric, x, budget):
+            block = slice(start, start + psi.shape[0])
             backend.layout.check(psi)
-            backend._write(ids[start:start + psi.shape[0]], backend.layout.keys(psi), upsert=True)
+            extra = {EMBEDDING_FIELD: x[block].astype(np.float32),
+                     **({} if metadata is None else {str(c): metadata[c].iloc[block].tolist() for c in metadata.columns})}
+            backend._write(ids[block], backend.layout.keys(psi), upsert=True, extra=extra)
     finally:
         backend.close()
     return len(shard)
@@ -170,8 +189,11 @@ def build_index(model: Geometry, collection: Any, backend: str = "exact", *, sym
         if client is None:
             index._backend.reserve(total, width, g0.dtype, g0.device)
             for shard in shards:
-                for start, psi in _key_blocks(model, symmetric, shard.read(), budget):
-                    index._add_keys(psi, shard.ids[start:start + psi.shape[0]])
+                x, metadata = shard.read(), shard.read_metadata() if backend == "milvus" else None
+                for start, psi in _key_blocks(model, symmetric, x, budget):
+                    block = slice(start, start + psi.shape[0])
+                    index._add_keys(psi, shard.ids[block], raw=x[block],
+                                    metadata=None if metadata is None else metadata.iloc[block])
                 bar.update(1)
         elif backend == "milvus":
             _milvus_on_cluster(index, client, shards, g0, budget, bar)
@@ -203,10 +225,15 @@ def _milvus_on_cluster(index: Index, client: Any, shards: list[Shard], g0: torch
             "A Milvus build on a Dask cluster needs the geometry's fixed augmentation bound M, so that every "
             "worker writes the same layout; this geometry (or symmetric=False) has none. Build without client=."
         )
+    from ._milvus import scalar_fields
+
     backend.layout = layout
-    backend._create(layout.vector_dim, layout.max_norm)
+    metadata = shards[0].read_metadata()
+    backend._create(layout.vector_dim, layout.max_norm, int(g0.shape[1]),
+                    None if metadata is None else scalar_fields(metadata))
     model_f = client.scatter(model, broadcast=True)
-    params, state, tag = dict(backend.params, overwrite=False), layout.state(), uuid.uuid4().hex[:8]
+    state = {"layout": layout.state(), "fields": backend.fields, "raw": backend.raw}
+    params, tag = dict(backend.params, overwrite=False), uuid.uuid4().hex[:8]
     futures = [client.submit(shard_upsert, model_f, symmetric, s, budget, params, state,
                              key=f"anchordiv-upsert-{tag}-{i}") for i, s in enumerate(shards)]
     from distributed import as_completed

@@ -199,7 +199,7 @@ class Index:
         return positions
 
     # ------------------------------------------------------------------- API
-    def add(self, G: Any, ids: Any = None) -> "Index":
+    def add(self, G: Any, ids: Any = None, metadata: Any = None) -> "Index":
         """Add the rows of ``G`` (numpy or torch, (n, d)) with optional int64 ``ids``.
 
         Parameters
@@ -208,6 +208,10 @@ class Index:
             Vectors in the model's embedding space.
         ids : array-like (n,) of int, optional
             One unique id per row; default len(index), len(index) + 1, …
+        metadata : pandas.DataFrame (n rows), optional
+            Milvus only: stored as scalar fields (bool, int, float or str columns) beside the
+            vectors, for ``search(filter=...)`` expressions and other tools. The first add
+            fixes the columns; later adds bring the same ones.
 
         Returns
         -------
@@ -221,10 +225,24 @@ class Index:
         beyond what the backend stores.
         """
         g, _ = self._vectors(G, "G")
-        self._add(g, self._new_ids(ids, g.shape[0]))
+        self._add(g, self._new_ids(ids, g.shape[0]), metadata=self._metadata(metadata, g.shape[0]))
         return self
 
-    def _add(self, g: torch.Tensor, new: np.ndarray, upsert: bool = False) -> None:
+    def _metadata(self, metadata: Any, n: int) -> Any:
+        """``metadata`` as a pandas DataFrame of ``n`` rows (milvus only), or None."""
+        if metadata is None:
+            return None
+        if not isinstance(self._backend, MilvusBackend):
+            raise ValueError(f"metadata is stored by the milvus backend only; the {self.backend!r} backend keeps "
+                             "vectors alone (keep the metadata table beside the index and filter by ids).")
+        import pandas as pd
+
+        frame = metadata if isinstance(metadata, pd.DataFrame) else pd.DataFrame(metadata)
+        if len(frame) != n:
+            raise ValueError(f"metadata has {len(frame)} rows but G has {n}; give one metadata row per vector.")
+        return frame.reset_index(drop=True)
+
+    def _add(self, g: torch.Tensor, new: np.ndarray, upsert: bool = False, metadata: Any = None) -> None:
         """Store the key features of ``g`` under the (checked) ids ``new``, a budget-sized block at a time."""
         budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
         width = self._feature_width(g)  # the feature width sets the block
@@ -232,15 +250,24 @@ class Index:
         self._backend.reserve(g.shape[0], width, g.dtype, g.device)
         for start in range(0, g.shape[0], rows):
             block = slice(start, start + rows)
-            self._add_keys(self._model._key_terms(g[block], self._symmetric), new[block], upsert)
+            self._add_keys(self._model._key_terms(g[block], self._symmetric), new[block], upsert,
+                           g[block], None if metadata is None else metadata.iloc[block])
         self._dim = int(g.shape[1])
 
-    def _add_keys(self, psi: torch.Tensor, new: np.ndarray, upsert: bool = False) -> None:
-        self._backend.add(psi, new, self._ids, upsert=upsert)
+    def _add_keys(self, psi: torch.Tensor, new: np.ndarray, upsert: bool = False, raw: Any = None,
+                  metadata: Any = None) -> None:
+        """Hand key features ``psi`` of ids ``new`` to the backend; milvus also stores the raw embeddings
+        ``raw`` and the ``metadata`` rows."""
+        if isinstance(self._backend, MilvusBackend):
+            extra = {"embedding": None if raw is None else np.asarray(torch.as_tensor(raw).detach().cpu(), np.float32),
+                     "metadata": metadata}
+            self._backend.add(psi, new, self._ids, upsert=upsert, extra=extra)
+        else:
+            self._backend.add(psi, new, self._ids, upsert=upsert)
         self._ids = np.concatenate([self._ids, new])
         self._lookup = None
 
-    def upsert(self, G: Any, ids: Any) -> "Index":
+    def upsert(self, G: Any, ids: Any, metadata: Any = None) -> "Index":
         """Insert the rows of ``G`` under ``ids``, replacing the stored vectors of ids already present.
 
         A replaced vector is stored as a newly added one (it moves to the end of the
@@ -254,10 +281,11 @@ class Index:
         """
         g, _ = self._vectors(G, "G")
         new = self._new_ids(ids, g.shape[0], replace=True)
+        frame = self._metadata(metadata, g.shape[0])
         positions, found = self._find(new)
         if found.any():
             self._drop(positions[found], new[found], replaced=True)
-        self._add(g, new, upsert=True)
+        self._add(g, new, upsert=True, metadata=frame)
         return self
 
     def delete(self, ids: Any) -> "Index":
