@@ -21,7 +21,7 @@ from pathlib import Path
 PORT_OPTIONS = ("etcd", "root-coord", "proxy", "proxy-internal", "query-coord", "query-node", "index-coord",
                 "index-node", "data-coord", "data-node")
 #: Seconds to wait for a server to answer, and for its process group to end after SIGTERM.
-START_TIMEOUT, STOP_TIMEOUT = 180.0, 5.0
+START_TIMEOUT, STOP_TIMEOUT = 180.0, 3.0
 
 
 def executable() -> str | None:

@@ -126,7 +126,7 @@ def test_bad_filters_deletes_and_upserts(data):
     index = Index(ad.make_model("gaussian", tau=0.05).fit(anchors)).add(G)
     with pytest.raises(ValueError, match="Milvus expression.*'exact' backend.*array of allowed ids"):
         index.search(Q, k=3, filter="id > 3")
-    with pytest.raises(ValueError, match="filter must hold integer ids"):
+    with pytest.raises(ValueError, match="filter must be integers"):
         index.search(Q, k=3, filter=[0.5, 1.5])
     with pytest.raises(ValueError, match=r"ids not in the index: \[777\]"):
         index.delete([3, 777])
@@ -163,6 +163,8 @@ def test_milvus_schema_raw_embedding_and_metadata_fields(kind, data, request):
         companion = kind == "server" and not client.get_server_version().startswith(("v2.4", "v2.5", "v2.6"))
         where = f"{name}_embedding" if companion else name
         assert ("embedding" in types) != companion and client.has_collection(f"{name}_embedding") == companion
+        if companion:  # kept unloaded by the index; a tool that reads it loads it
+            client.load_collection(where)
         got = client.get(where, ids=[0, 17, 59], output_fields=["embedding"])
         np.testing.assert_allclose(np.array([r["embedding"] for r in sorted(got, key=lambda r: r["id"])]),
                                    G[[0, 17, 59]], rtol=1e-6)
@@ -181,5 +183,33 @@ def test_milvus_schema_raw_embedding_and_metadata_fields(kind, data, request):
             index.add(extra[1:3], ids=[900, 901])
         with pytest.raises(ValueError, match="milvus backend only"):
             Index(m).add(G, metadata=meta)
+    finally:
+        client.close()
+
+
+def test_milvus_never_drops_a_collection_it_did_not_make(data, milvus_server):
+    """On a Milvus that keeps raw embeddings in a companion collection, an existing collection of
+    that name is refused, never dropped; where a second vector field is allowed none is needed."""
+    from pymilvus import DataType, MilvusClient
+
+    anchors, Q, G, _ = data
+    m = ad.make_model("gaussian", tau=0.05).fit(anchors)
+    name = new_collection()
+    client = MilvusClient(uri=milvus_server["uri"], token=milvus_server["token"] or "")
+    try:
+        schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("pk", DataType.INT64, is_primary=True)
+        schema.add_field("v", DataType.FLOAT_VECTOR, dim=2)
+        client.create_collection(f"{name}_embedding", schema=schema)
+        index = Index(m, "milvus", **milvus_server, collection_name=name)
+        if client.get_server_version().startswith("v2.3"):
+            with pytest.raises(ValueError, match=f"'{name}_embedding' already exists.*store_embedding=False"):
+                index.add(G)
+            assert not client.has_collection(name)
+            index = Index(m, "milvus", **milvus_server, collection_name=name, store_embedding=False)
+        index.add(G)
+        assert_matches(index, m, Q, G, np.arange(N))
+        assert client.has_collection(f"{name}_embedding")
+        assert [f["name"] for f in client.describe_collection(f"{name}_embedding")["fields"]] == ["pk", "v"]
     finally:
         client.close()

@@ -123,7 +123,7 @@ def id_array(ids: Any, name: str) -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D sequence of int ids, got shape {arr.shape}.")
     if arr.size and (arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer)):
-        raise ValueError(f"{name} must hold integer ids (int64), got dtype {arr.dtype}.")
+        raise ValueError(f"{name} must be integers (int64 ids), got dtype {arr.dtype}.")
     if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
         raise ValueError(f"{name} must fit in int64.")
     return arr.astype(np.int64)

@@ -191,7 +191,9 @@ class FaissBackend(Backend):
             if allow is not None and allow.size <= s:
                 cand = np.broadcast_to(allow, (y.shape[0], allow.size))
             else:
-                _, cand = index.search(y, s, params=params)
+                # faiss.contrib.torch_utils (imported e.g. by pytorch-metric-learning) replaces search with a
+                # version without params=; it keeps faiss' own numpy search as search_numpy
+                _, cand = getattr(index, "search_numpy", index.search)(y, s, params=params)
             valid = cand >= 0
             vecs = np.zeros((cand.shape[0], s, self.layout.vector_dim), dtype=np.float32)
             if valid.any():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import uuid
 from typing import Any, Callable
 
@@ -31,6 +32,8 @@ MAX_VARCHAR = 65535
 MAX_LIMIT = 16384
 #: Bytes of vectors sent per insert request.
 INSERT_BYTES = 16 * 2**20
+#: Tries to connect before an unreachable server is reported.
+CONNECT_ATTEMPTS = 3
 #: Ids per ``get`` request when stored vectors are read back.
 GET_BATCH = 2048
 #: Collection property that holds the fingerprint of the index stored in it.
@@ -154,12 +157,17 @@ def _connect(pymilvus: Any, p: dict) -> Any:
     lite = is_lite(p["uri"])
     if lite and _lite_locked(p["uri"]):  # checked first: milvus-lite would log a traceback and fail obscurely
         raise RuntimeError(held)
-    try:
-        return pymilvus.MilvusClient(uri=p["uri"], token=p["token"] or "", db_name=p["db_name"] or "")
-    except Exception:
-        if lite and _lite_locked(p["uri"]):  # taken in the meantime
-            raise RuntimeError(held) from None
-        raise
+    for attempt in range(CONNECT_ATTEMPTS):
+        try:
+            return pymilvus.MilvusClient(uri=p["uri"], token=p["token"] or "", db_name=p["db_name"] or "")
+        except Exception as exc:
+            if lite and _lite_locked(p["uri"]):  # taken in the meantime
+                raise RuntimeError(held) from None
+            # gRPC shares a transport between clients of one address; one the server has just closed
+            # (an idle connection's GOAWAY "too many pings") fails the first call, and is reopened
+            if attempt + 1 == CONNECT_ATTEMPTS or "Fail connecting" not in str(exc):
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 def multi_vector(version: str) -> bool:
@@ -314,8 +322,8 @@ class MilvusBackend(Backend):
                     "pick another collection_name, or pass overwrite=True to drop it."
                 )
             self.client.drop_collection(name)
-        if create and self.client.has_collection(self.companion):
-            self.client.drop_collection(self.companion)
+            if self.client.has_collection(self.companion):
+                self.client.drop_collection(self.companion)
 
     @property
     def companion(self) -> str:
@@ -391,6 +399,12 @@ class MilvusBackend(Backend):
         self.fields = dict(fields or {})
         if raw_dim is not None and p["store_embedding"]:
             self.raw = "field" if multi_vector(self.client.get_server_version()) else "companion"
+        if self.raw == "companion" and self.client.has_collection(self.companion):
+            raise ValueError(
+                f"Milvus collection {self.companion!r} already exists at {p['uri']}, and this Milvus keeps the raw "
+                f"embeddings of {p['collection_name']!r} in a collection of that name; drop or rename it, pick "
+                "another collection_name, or pass store_embedding=False."
+            )
         schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field(ID_FIELD, DataType.INT64, is_primary=True)
         schema.add_field(VECTOR_FIELD, DataType.FLOAT_VECTOR, dim=dim)
@@ -434,8 +448,8 @@ class MilvusBackend(Backend):
         index_params.add_index(field_name=EMBEDDING_FIELD, index_type="FLAT", metric_type="COSINE")
         self.client.create_collection(self.companion, schema=schema,
                                       consistency_level=self.params["consistency_level"])
+        # not loaded: it is written and read by id only, and loading takes seconds on Milvus 2.3
         self.client.create_index(self.companion, index_params, sync=False)
-        self.client.load_collection(self.companion)
 
     def _write(self, ids: np.ndarray, vectors: np.ndarray, upsert: bool = False, extra: dict | None = None) -> None:
         """Write rows ``id``, ``vec`` and the ``extra`` columns (raw ``embedding``, metadata) of ``ids``."""
