@@ -128,6 +128,8 @@ def test_bad_filters_deletes_and_upserts(data):
         index.search(Q, k=3, filter="id > 3")
     with pytest.raises(ValueError, match="filter must be integers"):
         index.search(Q, k=3, filter=[0.5, 1.5])
+    with pytest.raises(ValueError, match=r"k=3 exceeds the allowed ids left after excluding \(2\)"):
+        index.search(Q, k=3, filter=[1, 2, 3], exclude=np.full(len(Q), 2))
     with pytest.raises(ValueError, match=r"ids not in the index: \[777\]"):
         index.delete([3, 777])
     assert len(index) == N  # nothing deleted

@@ -351,6 +351,11 @@ class Index:
         q, kind = self._vectors(Q, "Q")
         allow = None if filter is None else self._allowed(filter, k)
         ex = None if exclude is None else self._excluded_positions(exclude, q.shape[0], k, q.device)
+        if ex is not None and isinstance(allow, np.ndarray):
+            inside = int(np.isin(ex.cpu().numpy(), allow).sum(1).max(initial=0))
+            if k > allow.size - inside:
+                raise ValueError(f"k={k} exceeds the allowed ids left after excluding ({allow.size - inside}); "
+                                 "pass a smaller k.")
         # the query features are made a block at a time, within the key share of the budget
         budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
         width = self._feature_width(q)
