@@ -61,12 +61,14 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
 
 
 def index_bytes(index) -> int:
-    """Size of the stored index: the serialized faiss index, or the exact backend's features."""
+    """Size of the stored index: the serialized faiss index (plus the key features kept beside it for
+    embedding candidates), or the exact backend's features."""
     backend = index._backend
     if index.backend == "faiss":
         import faiss
 
-        return int(faiss.serialize_index(backend.index).size)
+        extra = backend.features[:backend._filled] if backend.embedding_candidates else None  # ψ kept beside faiss
+        return int(faiss.serialize_index(backend.index).size) + (0 if extra is None else extra.numel() * 4)
     return int(sum(b.numel() * b.element_size() for b in backend.blocks))
 
 

@@ -142,3 +142,16 @@ def test_ivf_lists_are_sized_for_the_whole_streamed_batch(data):
     assert index._backend.index.ntotal == len(G) and len(index) == len(G)
     d, i = index.search(G[:5], 1)
     assert np.array_equal(i[:, 0], np.arange(5))
+
+
+@pytest.mark.parametrize("index_type", ["flat", "ivf"])
+def test_certify_with_an_allow_list_is_exact_among_the_allowed(data, index_type):
+    A, G, Q = data
+    model = MODELS["gaussian"](A)
+    allowed = np.arange(0, len(G), 3)
+    index = ad.Index(model, "faiss", index_type=index_type, **({"nlist": 64, "nprobe": 2} if index_type == "ivf" else {}))
+    index.add(G)
+    _, i, certified = index.search(Q, 5, filter=allowed, certify=True)
+    _, want = ad.Index(model).add(G[allowed]).search(Q, 5)
+    assert np.array_equal(i, allowed[want])
+    assert certified.dtype == bool and (certified.any() if index_type == "flat" else not certified.any())

@@ -305,3 +305,24 @@ def test_index_build_warns_when_recall_is_low(ws, tmp_path):
     recall = json.loads(Path(f"{path}.anchordiv.json").read_text())["recall@10"]
     assert recall < 0.95 and f"{recall:.3f}" in out.stdout
     assert "Warning: recall@10 is" in out.stderr and "nprobe" in out.stderr
+
+
+def test_index_build_on_dask_workers_and_filtered_search(ws, tmp_path):
+    spec = f"{ws['anchors']}:object"
+    paths = {}
+    for name, extra in (("one", []), ("dask", ["--workers", 2])):
+        paths[name] = tmp_path / f"{name}.index"
+        run("index", "build", ws["coll"], "--anchors", spec, "--backend", "faiss", *extra, "--out", paths[name])
+    results = [json.loads(run("index", "search", paths[name], "--query-text", "a red car", "-k", 8,
+                              "--format", "json").stdout)["queries"][0]["results"] for name in ("one", "dask")]
+    assert [h["id"] for h in results[0]] == [h["id"] for h in results[1]] and len(results[0]) == 8
+    (tmp_path / "ids.txt").write_text("1\n4\n6\n")
+    for flt in ("1,4,6", f"@{tmp_path / 'ids.txt'}"):
+        got = json.loads(run("index", "search", paths["dask"], "--query-text", "a red car", "-k", 3, "--filter", flt,
+                             "--format", "json").stdout)["queries"][0]["results"]
+        assert [h["id"] for h in got] == [h["id"] for h in results[0] if h["id"] in (1, 4, 6)]
+    bad = run("index", "search", paths["one"], "--query-text", "a red car", "-k", 3, "--filter", "id > 3", ok=False)
+    assert bad.exit_code == 2 and "not a list of ids" in bad.stderr and "milvus" in bad.stderr
+    both = run("index", "build", ws["coll"], "--anchors", spec, "--workers", 2, "--scheduler", "tcp://127.0.0.1:1",
+               "--out", tmp_path / "x.index", ok=False)
+    assert both.exit_code == 2 and "either --workers" in both.stderr

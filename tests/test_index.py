@@ -1,4 +1,4 @@
-"""ad.Index: exact, faiss and milvus-lite backends against model.search; persistence; bad input."""
+"""ad.Index: exact, faiss and milvus (milvus-lite and a Milvus server) backends against model.search; persistence; bad input."""
 
 import importlib.util
 import os
@@ -11,7 +11,7 @@ import torch
 import anchordiv as ad
 from anchordiv.index import Index
 
-from conftest import GEOMETRY_PARAMS, unit_rows
+from conftest import GEOMETRY_PARAMS, MILVUS_KINDS, collection_namer, unit_rows
 
 HAS_FAISS = importlib.util.find_spec("faiss") is not None
 HAS_MILVUS = importlib.util.find_spec("pymilvus") is not None and importlib.util.find_spec("milvus_lite") is not None
@@ -64,17 +64,12 @@ def models(data):
     return {name: ad.make_model(name, **p).fit(anchors) for name, p in PARAMS.items()}
 
 
-@pytest.fixture(scope="module")
-def milvus_uri(tmp_path_factory):
-    """One milvus-lite file (one embedded server) for the module; tests use their own collections."""
-    return str(tmp_path_factory.mktemp("milvus") / "index.db")
+new_collection = collection_namer("c")
 
 
-_counter = iter(range(10**6))
-
-
-def milvus_params(uri, **extra):
-    return dict(uri=uri, collection_name=f"c{next(_counter)}", **extra)
+def milvus_params(milvus, **extra):
+    """Backend parameters of a new collection on the Milvus ``milvus`` (connection parameters)."""
+    return dict(milvus, collection_name=new_collection(), **extra)
 
 
 def assert_same_topk(dist, ids, ref_d, ref_i, rtol):
@@ -112,10 +107,10 @@ def test_faiss_exhaustive_is_exact(name, index_type, data32, models):
 @needs_milvus
 @pytest.mark.parametrize("name", ANN_MODELS)
 @pytest.mark.parametrize("index_type", list(MILVUS_EXHAUSTIVE))
-def test_milvus_lite_exhaustive_is_exact(name, index_type, data32, models, milvus_uri):
+def test_milvus_exhaustive_is_exact(name, index_type, data32, models, milvus):
     Q32, G32 = data32
     m = models[name]
-    index = Index(m, "milvus", **milvus_params(milvus_uri, **MILVUS_EXHAUSTIVE[index_type])).add(G32)
+    index = Index(m, "milvus", **milvus_params(milvus, **MILVUS_EXHAUSTIVE[index_type])).add(G32)
     ref_d, ref_i = m.search(Q32, G32, k=8)
     dist, ids = index.search(Q32, k=8)
     assert_same_topk(dist, ids, ref_d, ref_i, rtol=1e-5)
@@ -131,22 +126,26 @@ def test_faiss_asymmetric_divergence(data32, models):
 
 
 # ------------------------------------------------------------- ids and batches
-BATCH_BACKENDS = ["exact", pytest.param("faiss", marks=needs_faiss), pytest.param("milvus", marks=needs_milvus)]
+MILVUS_BACKENDS = [pytest.param(f"milvus-{kind}", marks=needs_milvus) for kind in MILVUS_KINDS]
+ANN_BACKENDS = [pytest.param("faiss", marks=needs_faiss), *MILVUS_BACKENDS]
+BATCH_BACKENDS = ["exact", *ANN_BACKENDS]
 
 
-def make_index(backend, model, uri, **params):
-    if backend == "milvus":
-        params = milvus_params(uri, **params)
+def make_index(backend, model, request, **params):
+    """An empty index of ``backend`` ("exact", "faiss", "milvus-lite" or "milvus-server")."""
+    if backend.startswith("milvus-"):
+        params = milvus_params(request.getfixturevalue(backend.replace("-", "_")), **params)
+        backend = "milvus"
     return Index(model, backend, **params)
 
 
 @pytest.mark.parametrize("backend", BATCH_BACKENDS)
-def test_batched_adds_equal_one_add_and_user_ids(backend, data32, models, milvus_uri):
+def test_batched_adds_equal_one_add_and_user_ids(backend, data32, models, request):
     Q32, G32 = data32
     G = G32
     m = models["softmax"]
-    one = make_index(backend, m, milvus_uri).add(G32)
-    batched = make_index(backend, m, milvus_uri)
+    one = make_index(backend, m, request).add(G32)
+    batched = make_index(backend, m, request)
     for s in range(0, len(G), 13):
         batched.add(G32[s:s + 13])
     assert len(one) == len(batched) == len(G)
@@ -156,7 +155,7 @@ def test_batched_adds_equal_one_add_and_user_ids(backend, data32, models, milvus
     np.testing.assert_allclose(d1, d2, rtol=1e-6, atol=1e-6 * float(np.abs(d1).max()))
 
     user = np.arange(len(G), dtype=np.int64) * 7 + 1000
-    named = make_index(backend, m, milvus_uri).add(G32[:30], ids=user[:30]).add(G32[30:], ids=list(user[30:]))
+    named = make_index(backend, m, request).add(G32[:30], ids=user[:30]).add(G32[30:], ids=list(user[30:]))
     d3, i3 = named.search(Q32, k=9)
     np.testing.assert_array_equal(i3, user[i1])
     np.testing.assert_allclose(d3, d1, rtol=1e-6, atol=1e-6 * float(np.abs(d1).max()))
@@ -184,16 +183,16 @@ def test_torch_in_torch_out(data, models):
     assert isinstance(dist_np, np.ndarray) and dist_np.dtype == np.float64
 
 
-@pytest.mark.parametrize("backend", [pytest.param("faiss", marks=needs_faiss), pytest.param("milvus", marks=needs_milvus)])
-def test_larger_norms_later_reaugment(backend, data32, models, milvus_uri):
+@pytest.mark.parametrize("backend", ANN_BACKENDS)
+def test_larger_norms_later_reaugment(backend, data32, models, request):
     """Without an analytic bound (asymmetric features), a later batch with larger key norms
     than the first re-augments the stored keys."""
     Q32, G32 = data32
     m = models["softmax"]
     assert m.key_norm_bound(symmetric=False) is None
     G2 = np.vstack([G32[:30], 5 * G32[30:]])
-    index = Index(m, backend, symmetric=False, shortlist=N_GALLERY,
-                  **(milvus_params(milvus_uri) if backend == "milvus" else {"candidates": "features"})).add(G2[:30])
+    layout = {"candidates": "features"} if backend == "faiss" else {}  # the padded feature layout
+    index = make_index(backend, m, request, symmetric=False, shortlist=N_GALLERY, **layout).add(G2[:30])
     bound = index._backend.layout.max_norm
     index.add(G2[30:])
     assert index._backend.layout.max_norm > 2 * bound
@@ -201,15 +200,15 @@ def test_larger_norms_later_reaugment(backend, data32, models, milvus_uri):
     assert_same_topk(*index.search(Q32, k=10), ref_d, ref_i, rtol=1e-5)
 
 
-@pytest.mark.parametrize("backend", [pytest.param("faiss", marks=needs_faiss), pytest.param("milvus", marks=needs_milvus)])
+@pytest.mark.parametrize("backend", ANN_BACKENDS)
 @pytest.mark.parametrize("name", ["softmax", "gmm", "cosine", "iti"])
-def test_fixed_augmentation_constant(backend, name, data32, models, milvus_uri):
+def test_fixed_augmentation_constant(backend, name, data32, models, request):
     """M is the geometry's analytic bound: it holds for every unit-norm batch, never changes,
     and keys beyond it (inputs that are not unit-norm) are refused."""
     Q32, G32 = data32
     m = models[name]
     layout = {"candidates": "features"} if backend == "faiss" else {}  # the padded feature layout
-    index = make_index(backend, m, milvus_uri, shortlist=N_GALLERY, **layout).add(G32[:20])
+    index = make_index(backend, m, request, shortlist=N_GALLERY, **layout).add(G32[:20])
     M = index._backend.layout.max_norm
     assert M == pytest.approx(m.key_norm_bound() * (1 + 1e-5))
     psi = np.asarray(m.key_features(G32))
@@ -232,29 +231,30 @@ ROUNDTRIP = [
     pytest.param("faiss", "latent_spherical", dict(index_type="ivf", nlist=4, nprobe=2), marks=needs_faiss),
     # Milvus builds segment indexes in the background, so an approximate search depends on
     # when it runs; exhaustive settings make the comparison independent of that timing
-    pytest.param("milvus", "softmax", dict(index_type="HNSW", ef_search=64, shortlist=N_GALLERY), marks=needs_milvus),
-    pytest.param("milvus", "gaussian", dict(index_type="IVF_FLAT", nlist=4, nprobe=4), marks=needs_milvus),
+    *(pytest.param(f"milvus-{kind}", name, params, marks=needs_milvus) for kind in MILVUS_KINDS
+      for name, params in (("softmax", dict(index_type="HNSW", ef_search=64, shortlist=N_GALLERY)),
+                           ("gaussian", dict(index_type="IVF_FLAT", nlist=4, nprobe=4)))),
 ]
 
 
 @pytest.mark.parametrize("backend,name,params", ROUNDTRIP)
-def test_save_load_roundtrip(backend, name, params, data, models, milvus_uri, tmp_path):
+def test_save_load_roundtrip(backend, name, params, data, models, request, tmp_path):
     _, Q, G = data
     m = models[name]
     G32 = G.astype(np.float32)
     ids = np.arange(len(G), dtype=np.int64)[::-1] * 3
-    index = make_index(backend, m, milvus_uri, **params).add(G32[:40], ids=ids[:40]).add(G32[40:], ids=ids[40:])
+    index = make_index(backend, m, request, **params).add(G32[:40], ids=ids[:40]).add(G32[40:], ids=ids[40:])
     before = index.search(Q, k=7)
     path = tmp_path / "gallery.index"
     index.save(path)
     loaded = Index.load(path)
     assert type(loaded.model) is type(m) and loaded.model.get_params() == m.get_params()
-    assert loaded.backend == backend and loaded.symmetric == index.symmetric and len(loaded) == len(index)
+    assert loaded.backend == backend.split("-")[0] and loaded.symmetric == index.symmetric and len(loaded) == len(index)
     assert {k: v for k, v in loaded.params.items() if k != "token"} == index._backend.saved_params()
     np.testing.assert_array_equal(loaded.ids, index.ids)
     after = loaded.search(Q, k=7)
     np.testing.assert_array_equal(after[1], before[1])
-    if backend == "milvus":  # candidates may come back in another order: same values up to summation order
+    if backend.startswith("milvus"):  # candidates may come back in another order: same values up to summation order
         np.testing.assert_allclose(after[0], before[0], rtol=1e-6, atol=1e-6 * float(np.abs(before[0]).max()))
     else:
         np.testing.assert_array_equal(after[0], before[0])
@@ -280,14 +280,14 @@ def test_every_geometry_roundtrips(data, models, tmp_path):
 
 
 @needs_milvus
-def test_milvus_save_holds_connection_not_token(data, models, milvus_uri, tmp_path):
+def test_milvus_save_holds_connection_not_token(data, models, milvus, tmp_path):
     _, Q, G = data
-    params = milvus_params(milvus_uri, token="root:Milvus")
+    params = milvus_params(milvus, token=milvus["token"] or "root:Milvus")
     index = Index(models["cosine"], "milvus", **params).add(G)
     index.save(tmp_path / "m.index")
     payload = torch.load(tmp_path / "m.index", weights_only=True)
     assert "token" not in payload["params"] and "Milvus" not in repr(payload)
-    assert payload["params"]["uri"] == os.path.abspath(milvus_uri)
+    assert payload["params"]["uri"] == (milvus["uri"] if "://" in milvus["uri"] else os.path.abspath(milvus["uri"]))
     assert payload["params"]["collection_name"] == params["collection_name"]
     assert "blocks" not in payload["store"] and "index" not in payload["store"]  # the vectors stay in Milvus
     # the saved file no longer matches once the collection changes
@@ -296,8 +296,8 @@ def test_milvus_save_holds_connection_not_token(data, models, milvus_uri, tmp_pa
         Index.load(tmp_path / "m.index")
     # an existing collection is never silently reused
     with pytest.raises(ValueError, match="already exists"):
-        Index(models["cosine"], "milvus", uri=milvus_uri, collection_name=params["collection_name"])
-    fresh = Index(models["cosine"], "milvus", uri=milvus_uri, collection_name=params["collection_name"], overwrite=True)
+        Index(models["cosine"], "milvus", **milvus, collection_name=params["collection_name"])
+    fresh = Index(models["cosine"], "milvus", **milvus, collection_name=params["collection_name"], overwrite=True)
     assert len(fresh) == 0
 
 
@@ -414,14 +414,14 @@ def test_faiss_bad_inputs(data, models):
 
 
 @needs_milvus
-def test_milvus_bad_inputs(data, models, milvus_uri):
+def test_milvus_bad_inputs(data, models, milvus_lite):
     m = models["softmax"]
     with pytest.raises(ValueError, match="needs uri="):
         Index(m, "milvus")
     with pytest.raises(ValueError, match="must end in '.db'"):
         Index(m, "milvus", uri="gallery.sqlite")
     with pytest.raises(ValueError, match="Unknown milvus index_type 'DISKANN_X'"):
-        Index(m, "milvus", uri=milvus_uri, index_type="DISKANN_X")
+        Index(m, "milvus", **milvus_lite, index_type="DISKANN_X")
 
 
 def test_missing_optional_dependencies(models, monkeypatch):
@@ -445,18 +445,18 @@ def test_missing_optional_dependencies(models, monkeypatch):
     ("exact", {}),
     pytest.param("faiss", dict(index_type="hnsw", M=4, ef_construction=8, ef_search=4, shortlist=10), marks=needs_faiss),
     pytest.param("faiss", dict(index_type="ivf", nlist=8, nprobe=1, shortlist=10), marks=needs_faiss),
-    pytest.param("milvus", dict(index_type="FLAT"), marks=needs_milvus),
+    *(pytest.param(f"milvus-{kind}", dict(index_type="FLAT"), marks=needs_milvus) for kind in MILVUS_KINDS),
 ])
-def test_recall_against_exact_search(backend, params, data32, models, milvus_uri):
+def test_recall_against_exact_search(backend, params, data32, models, request):
     Q32, G32 = data32
     m = models["softmax"]
-    index = make_index(backend, m, milvus_uri, **params).add(G32)
+    index = make_index(backend, m, request, **params).add(G32)
     got = index.recall(Q32, k=10)
     _, found = index.search(Q32, k=10)
     _, exact = m.search(Q32, G32, k=10)
     expected = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found.tolist(), exact.tolist())])
     assert got == pytest.approx(expected, abs=1e-12)
-    assert (got == 1.0) if backend in ("exact", "milvus") else (0.0 < got <= 1.0)
+    assert (got == 1.0) if backend == "exact" or backend.startswith("milvus") else (0.0 < got <= 1.0)
 
 
 @needs_faiss

@@ -188,9 +188,9 @@ def test_index_add_streams_blocks_under_the_budget(geo):
 
     real_add = index._backend.add
 
-    def record(psi, ids, stored, raw=None):
+    def record(psi, ids, stored, **kwargs):
         seen.append(psi.shape[0])
-        return real_add(psi, ids, stored, raw=raw)
+        return real_add(psi, ids, stored, **kwargs)
 
     index._backend.add = record
     index.add(G)

@@ -10,6 +10,7 @@ a YAML file, e.g. ``anchors.yaml:object:0.7,style:0.3``); see :mod:`anchordiv.an
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io as _io
 import functools
@@ -754,10 +755,33 @@ def _add_top_anchors(results: list[dict], anchors: Any, Q: Any, tau: float, top:
     for qi, res in enumerate(results):
         res["top_anchors"] = [{"anchor": a, "probability": p} for a, p in ex.top_anchors(qi)]
         res["effective_anchors"] = float(ex.effective_number[qi])
+def _parse_filter(spec: str | None, backend: str) -> Any:
+    """``--filter``: ``@PATH`` (ids, one per line), a comma list of ids, or (milvus) a boolean expression."""
+    import numpy as np
+
+    if spec is None:
+        return None
+    if spec.startswith("@"):
+        try:
+            text = Path(spec[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read the id file {spec[1:]!r} ({exc.strerror})", param_hint="--filter")
+        parts = text.split()
+    elif backend == "milvus":
+        return spec
+    else:
+        parts = [p for p in spec.split(",") if p.strip()]
+    try:
+        return np.array([int(p) for p in parts], dtype=np.int64)
+    except ValueError:
+        raise click.BadParameter(
+            f"{spec!r} is not a list of ids: pass ids as 3,17,42 or @ids.txt (one id per line); "
+            "boolean expressions need a milvus index", param_hint="--filter") from None
 
 
 def _search_index(index_path: str, coll: Any, query_ids, query_texts, query_images, k: int, encoder: str | None,
-                  include_self: bool, device: str | None, fmt: str, load_params: dict | None = None) -> None:
+                  include_self: bool, device: str | None, fmt: str, load_params: dict | None = None,
+                  filter_spec: str | None = None) -> None:
     """Search a saved index and print the results (shared by ``search --index`` and ``index search``)."""
     import numpy as np
 
@@ -779,7 +803,8 @@ def _search_index(index_path: str, coll: Any, query_ids, query_texts, query_imag
     Q = np.stack(queries.vectors).astype(np.float32)
     _check_k(k, len(idx))
     (Qd,) = _as_device(device, Q)
-    dist, ids = idx.search(Qd, k=_k_left(k, len(idx), queries, include_self), exclude=_own_rows(queries, include_self))
+    dist, ids = idx.search(Qd, k=_k_left(k, len(idx), queries, include_self), exclude=_own_rows(queries, include_self),
+                           filter=_parse_filter(filter_spec, idx.backend))
     results = _results(coll, queries, _to_numpy(dist), _to_numpy(ids))
     _emit(results, fmt, {"index": index_path, "backend": idx.backend, "model": meta.get("model"),
                          "anchors": meta.get("anchors"), "tau": meta.get("tau"), "k": k})
@@ -910,8 +935,12 @@ def index() -> None:
 @click.option("--encoder", default=None, metavar="SPEC", help=_ENCODER_HELP)
 @click.option("--device", default=None, help="Torch device for the encoder and the model.")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Index file to write.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Build on a local Dask cluster of this many worker processes (pip install 'dask[distributed]').")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Build on an existing Dask cluster, e.g. tcp://10.0.0.5:8786.")
 def index_build(collection, anchor_spec, model_name, tau, components, rank, seed, backend, index_type, params,
-                asymmetric, encoder, device, out_path) -> None:
+                asymmetric, encoder, device, out_path, workers, scheduler) -> None:
     """Fit a geometry and store a collection in a saved index.
 
     The index keeps the fitted model and the collection's row numbers as ids; a small
@@ -924,7 +953,7 @@ def index_build(collection, anchor_spec, model_name, tau, components, rank, seed
       anchordiv index build coll/ --anchors anchors.yaml:object:0.7,style:0.3 \\
           --model softmax --backend faiss --index-type hnsw --out coll.index
     """
-    from .index import Index
+    from .index import build_index
 
     rank = _parse_rank(rank)
     _check_model_options([model_name], tau, components, rank, seed)
@@ -945,9 +974,11 @@ def index_build(collection, anchor_spec, model_name, tau, components, rank, seed
         kwargs["uri"] = os.fspath(out_path) + ".milvus.db"
     import numpy as np
 
-    idx = Index(model, backend=backend, symmetric=not asymmetric, **kwargs)
-    (G,) = _as_device(device, coll.embeddings)
-    idx.add(G, ids=np.arange(len(coll), dtype=np.int64))
+    if workers is not None and scheduler is not None:
+        raise click.UsageError("pass either --workers (a local Dask cluster) or --scheduler (an existing one)")
+    with _dask_client(workers, scheduler) as client:
+        source = collection if Path(collection).is_dir() or str(collection).lower().endswith(".npy") else coll
+        idx = build_index(model, source, backend, symmetric=not asymmetric, client=client, **kwargs)
     recall = None
     if backend != "exact":  # how well the approximate index keeps its promise, on a sample of the rows
         rows = np.random.default_rng(0).choice(len(coll), size=min(RECALL_SAMPLE, len(coll)), replace=False)
@@ -968,6 +999,26 @@ def index_build(collection, anchor_spec, model_name, tau, components, rank, seed
                           "nprobe=... (ivf) or shortlist=..., or use --backend exact")
 
 
+@contextlib.contextmanager
+def _dask_client(workers: int | None, scheduler: str | None):
+    """A ``distributed.Client`` of a local cluster of ``workers`` processes (on 127.0.0.1) or of
+    ``scheduler``; None when neither is given."""
+    if workers is None and scheduler is None:
+        yield None
+        return
+    try:
+        import distributed
+    except ImportError:
+        raise click.UsageError("--workers and --scheduler need Dask: pip install 'dask[distributed]'") from None
+    if scheduler is not None:
+        with distributed.Client(scheduler) as client:
+            yield client
+        return
+    with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        yield client
+
+
 @index.command("search")
 @click.argument("index_path", metavar="INDEX", type=click.Path(exists=True, dir_okay=False))
 @_query_options
@@ -980,9 +1031,12 @@ def index_build(collection, anchor_spec, model_name, tau, components, rank, seed
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Run-time index parameter, e.g. ef_search=256, shortlist=200, or for milvus uri=... and "
                    "token=... (a token needs uri= in the same command; repeatable).")
+@click.option("--filter", "filter_spec", default=None, metavar="EXPR",
+              help="Search only some rows: ids as 3,17,42 or @ids.txt (one id per line), or for milvus a boolean "
+                   "expression on the collection's fields, e.g. 'id >= 100' or 'label == \"cat\"'.")
 @_FORMAT_OPTION
 def index_search(index_path, query_ids, query_texts, query_images, k, collection, encoder, include_self, device,
-                 params, fmt) -> None:
+                 params, filter_spec, fmt) -> None:
     """Search a saved index.
 
     A Milvus token is sent only to a uri named on the same command line
@@ -996,7 +1050,7 @@ def index_search(index_path, query_ids, query_texts, query_images, k, collection
     """
     coll = _load_collection(collection) if collection else None
     _search_index(index_path, coll, query_ids, query_texts, query_images, k, encoder, include_self, device, fmt,
-                  _parse_params(params))
+                  _parse_params(params), filter_spec)
 
 
 @cli.command(short_help="Run the scene demo (AUPRC table and report).")

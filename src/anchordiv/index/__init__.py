@@ -33,14 +33,33 @@ the connection parameters change::
     # later, in another process; the token is never written to the file:
     index = ad.Index.load("gallery.index", token="user:password")
 
-The collection is created by the first ``add`` with two fields, ``id`` (INT64 primary
-key: the ids given to ``add``) and ``vec`` (FLOAT_VECTOR): the embedding z with metric
-L2 for Euclidean models (Gaussian, latent), the augmented key [ψ, √(M² − ‖ψ‖²)] with
-metric COSINE (all keys have norm M, so this is the L2 order) for the others. Creating an
-index for a collection name that already exists raises an error unless
-``overwrite=True`` (which drops it); reopen an existing collection with
-:meth:`anchordiv.Index.load`. Every collection holds one model's key features: index
-each model (and each ``symmetric`` setting) in its own collection.
+Collection schema
+-----------------
+The first ``add`` creates the collection, which other Milvus tools can read:
+
+=============  ==============  ===========================================================
+field          type            content
+=============  ==============  ===========================================================
+``id``         INT64, primary  the ids given to ``add`` (row numbers for ``build_index``)
+``vec``        FLOAT_VECTOR    the geometry's key vector: the embedding z with metric L2 for
+                               Euclidean models (Gaussian, latent), else the augmented key
+                               [ψ, √(M² − ‖ψ‖²)] with metric COSINE (all keys have norm M,
+                               so this is the L2 order)
+``embedding``  FLOAT_VECTOR    the raw embedding (FLAT index, COSINE), on Milvus ≥ 2.4 and
+                               milvus-lite 3.x; Milvus 2.3 allows one vector field per
+                               collection, so there it lives in the companion collection
+                               ``<collection_name>_embedding`` (``id``, ``embedding``).
+                               ``store_embedding=False`` keeps neither.
+metadata       BOOL, INT64,    one field per column of ``add(..., metadata=DataFrame)`` (or of
+               DOUBLE, VARCHAR the collection's ``metadata/`` parquet shards in ``build_index``)
+=============  ==============  ===========================================================
+
+``search(Q, k, filter='label == "cat" and year > 2000')`` passes a Milvus boolean
+expression on these fields through. Creating an index for a collection name that already
+exists raises an error unless ``overwrite=True`` (which drops it and its companion);
+reopen an existing collection with :meth:`anchordiv.Index.load`. Every collection holds one
+model's key features: index each model (and each ``symmetric`` setting) in its own
+collection.
 
 ``index_type`` is ``"FLAT"`` (exhaustive), ``"HNSW"``, ``"IVF_FLAT"`` or ``"AUTOINDEX"``
 (the server's choice). The candidates Milvus returns are re-ranked exactly, so the
@@ -51,6 +70,7 @@ needs installed); the older milvus-lite 2.x releases serve FLAT (and IVF_FLAT fr
 or machines share one gallery through a Milvus server.
 """
 
+from ._build import build_index
 from ._index import BACKENDS, Index
 
-__all__ = ["Index", "BACKENDS"]
+__all__ = ["Index", "BACKENDS", "build_index"]

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .._backend import positive_int  # noqa: F401  (re-exported for the backends)
-from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, smallest_k
+from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, knn, smallest_k
 
 
 def margin_value(value: Any) -> float:
@@ -64,9 +64,16 @@ class Backend:
         return out
 
     # ---------------------------------------------------------- to override
-    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, raw: torch.Tensor | None = None) -> None:
-        """Store key features ``psi`` for ``ids`` (``stored_ids`` are those already stored);
-        ``raw`` are the keys' embeddings, for backends that search candidates among them."""
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False,
+            raw: torch.Tensor | None = None) -> None:
+        """Store key features ``psi`` for ``ids`` (``stored_ids`` are those already stored); ``upsert``:
+        some ``ids`` were just dropped with ``delete(..., replaced=True)`` and are written again; ``raw``
+        are the keys' embeddings, for backends that search candidates among them."""
+        raise NotImplementedError
+
+    def delete(self, positions: np.ndarray, ids: np.ndarray, n: int, replaced: bool = False) -> None:
+        """Remove the keys at sorted ``positions`` (of ``ids``) among the ``n`` stored; later keys move up.
+        ``replaced``: the same ids are added again next (an upsert)."""
         raise NotImplementedError
 
     def reserve(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -74,10 +81,12 @@ class Backend:
         streams one batch in blocks); backends that keep features in memory allocate them once."""
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
-               positions_of: Callable[[np.ndarray], np.ndarray], certify: bool = False) -> tuple:
+               positions_of: Callable[[np.ndarray], np.ndarray],
+               allow: np.ndarray | str | None = None, certify: bool = False) -> tuple:
         """Top-k ``(distances, positions)`` among the ``n`` stored keys; position −1 is a miss.
 
-        ``positions_of`` maps ids to positions (for backends that store ids). With
+        ``positions_of`` maps ids to positions (for backends that store ids); ``allow`` restricts
+        the search to sorted positions (or, milvus, to the rows an expression selects). With
         ``certify``, a third item: a bool array saying per query whether the result is
         provably the exact top-k.
         """
@@ -106,6 +115,48 @@ class Backend:
 
     def saved_params(self) -> dict:
         return {k: v for k, v in self.params.items() if k not in self.SECRET}
+
+
+def id_array(ids: Any, name: str) -> np.ndarray:
+    """``ids`` (a sequence, numpy or torch array of integers) as a 1-D int64 array, or a ``ValueError``."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.detach().cpu().numpy()
+    arr = np.asarray(ids)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence of int ids, got shape {arr.shape}.")
+    if arr.size and (arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{name} must be integers (int64 ids), got dtype {arr.dtype}.")
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} must fit in int64.")
+    return arr.astype(np.int64)
+
+
+def allowed_blocks(blocks, allow: np.ndarray):
+    """The rows at sorted positions ``allow`` of the row blocks ``blocks`` (in position order), block by block."""
+    start = 0
+    for block in blocks:
+        lo, hi = np.searchsorted(allow, [start, start + block.shape[0]])
+        if hi > lo:
+            yield block[torch.from_numpy(allow[lo:hi] - start).to(block.device)]
+        start += block.shape[0]
+
+
+def restricted_knn(offsets: torch.Tensor, phi: torch.Tensor, blocks, k: int, n: int, exclude: torch.Tensor | None,
+                   allow: np.ndarray | None, memory_budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k positions over the stored key ``blocks`` (``n`` rows), among the sorted positions
+    ``allow`` only when given; ``exclude`` (n_q, e) holds positions each query must skip."""
+    if allow is not None:
+        blocks, n = allowed_blocks(blocks, allow), allow.size
+        if exclude is not None:  # positions among the allowed rows
+            at = np.clip(np.searchsorted(allow, exclude.cpu().numpy()), 0, n - 1)
+            exclude = torch.from_numpy(np.where(allow[at] == exclude.cpu().numpy(), at, -1)).to(exclude.device)
+    d, p = knn(offsets, phi, blocks, k, n_keys=n, exclude=exclude, memory_budget=memory_budget,
+               keys_given=True, progress=False)
+    if allow is not None:
+        p = torch.from_numpy(allow).to(p.device)[p]
+    return d, p
 
 
 def shortlist_size(shortlist: int | None, k: int, n: int) -> int:
@@ -167,5 +218,6 @@ def warn_missing(positions: torch.Tensor, backend: str, hint: str) -> None:
         )
 
 
-__all__ = ["Backend", "DEFAULT_MEMORY_BUDGET", "positive_int", "margin_value", "shortlist_size",
+__all__ = ["Backend", "DEFAULT_MEMORY_BUDGET", "positive_int", "margin_value", "shortlist_size", "id_array",
+           "allowed_blocks", "restricted_knn",
            "query_blocks", "rerank", "warn_missing"]

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ._common import DEFAULT_MEMORY_BUDGET, Backend, positive_int
+from ._common import DEFAULT_MEMORY_BUDGET, Backend, allowed_blocks, positive_int, restricted_knn
 from ..exact import knn
 
 
@@ -44,7 +44,8 @@ class ExactBackend(Backend):
             dtype = self.dtype
         self._batch = (torch.empty(rows, width, dtype=dtype, device=device), 0)
 
-    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, raw: torch.Tensor | None = None) -> None:
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False,
+            raw: torch.Tensor | None = None) -> None:
         if self.dtype is None:
             self.dtype = psi.dtype
         elif torch.promote_types(psi.dtype, self.dtype) != self.dtype:  # features that need float64
@@ -64,15 +65,21 @@ class ExactBackend(Backend):
         # memory of the last block); knn streams them in order
         self.blocks = self.blocks + [psi.to(self.dtype).contiguous()]
 
+    def delete(self, positions: np.ndarray, ids: np.ndarray, n: int, replaced: bool = False) -> None:
+        keep = np.setdiff1d(np.arange(n), positions)
+        self.blocks = [b for b in allowed_blocks(self.blocks, keep)]
+
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
                positions_of: Callable[[np.ndarray], np.ndarray],
-               exclude: torch.Tensor | None = None, certify: bool = False) -> tuple:
-        """Exact top-k positions; ``exclude`` (n_q, e) holds positions each query must skip.
-        With ``certify``, every query is certified."""
+               exclude: torch.Tensor | None = None, allow: np.ndarray | None = None,
+               certify: bool = False) -> tuple:
+        """Exact top-k positions; ``exclude`` (n_q, e) holds positions each query must skip, ``allow``
+        the sorted positions a search is restricted to (a scan of those rows only). With
+        ``certify``, every query is certified."""
         dtype = torch.promote_types(phi.dtype, self.dtype)
-        d, i = knn(offsets.to(dtype), phi.to(dtype), self.blocks, k, n_keys=n, exclude=exclude,
-                   memory_budget=self.params["memory_budget"], keys_given=True, progress=False)
-        return (d, i, np.ones(len(d), dtype=bool)) if certify else (d, i)
+        d, p = restricted_knn(offsets.to(dtype), phi.to(dtype), self.blocks, k, n, exclude, allow,
+                              self.params["memory_budget"])
+        return (d, p, np.ones(len(d), dtype=bool)) if certify else (d, p)
 
     def key_blocks(self, stored_ids: np.ndarray, rows: int = 1 << 16):
         return iter(self.blocks)

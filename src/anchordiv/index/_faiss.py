@@ -117,6 +117,7 @@ class FaissBackend(Backend):
         self._pending: list[tuple] = []  # its first blocks, held until the IVF lists are trained
         self.features: torch.Tensor | None = None  # ψ of every key (embedding candidates only)
         self._filled = 0  # rows of ``features`` in use
+        self._reserved = 0  # rows announced by reserve() before the index exists
 
     @property
     def embedding_candidates(self) -> bool:
@@ -152,13 +153,29 @@ class FaissBackend(Backend):
     def reserve(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
         if self.index is None:
             self._expected = rows
+        self._reserved = rows
+        if self.index is not None and not self.embedding_candidates:
+            self._reserve_codes()
         if self.embedding_candidates:  # room for the batch's ψ, allocated once
             grown = torch.empty(self._filled + rows, width, dtype=torch.float32)
             if self._filled:
                 grown[:self._filled] = self.features[:self._filled]
             self.features = grown
 
-    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, raw: torch.Tensor | None = None) -> None:
+    def _reserve_codes(self) -> None:
+        """Give the flat code array (of IndexFlat, or the storage of IndexHNSWFlat) its final capacity
+        at once: faiss grows it by doubling, which would peak at several times the stored vectors."""
+        rows, self._reserved = self._reserved, 0
+        flat = self.index if self.params["index_type"] == "flat" else (
+            self.faiss.downcast_index(self.index.storage) if self.params["index_type"] == "hnsw" else None)
+        if flat is None or rows == 0:
+            return
+        used = flat.ntotal * flat.code_size
+        flat.codes.resize(used + rows * flat.code_size)  # std::vector: shrinking keeps the capacity
+        flat.codes.resize(used)
+
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False,
+            raw: torch.Tensor | None = None) -> None:
         self._bounds = None
         if self.embedding_candidates and raw is None:
             raise ValueError("candidates='embedding' needs the embeddings of the keys (added through Index.add).")
@@ -180,8 +197,9 @@ class FaissBackend(Backend):
             layout = VectorLayout.for_keys(self.euclidean, psi, self.params["norm_margin"], self.norm_bound)
             vectors = layout.keys(psi)
             index = self._new_index(vectors, self._expected)
-            index.add(vectors)
             self.layout, self.index = layout, index
+            self._reserve_codes()
+            index.add(vectors)
         elif self.layout.fits(psi):
             self.index.add(self.layout.keys(psi))
         else:
@@ -220,20 +238,50 @@ class FaissBackend(Backend):
             vecs[valid] = self.index.reconstruct_batch(cand[valid].astype(np.int64))
         return self.layout.unpack(vecs)
 
+    def delete(self, positions: np.ndarray, ids: np.ndarray, n: int, replaced: bool = False) -> None:
+        self._bounds = None
+        keep = np.setdiff1d(np.arange(n), positions)
+        if self.embedding_candidates:  # the key features beside the index move up with it
+            self.features = self.features[torch.from_numpy(keep)]
+            self._filled = keep.size
+        if self.params["index_type"] == "flat":  # flat codes are compacted in place, order kept
+            self.index.remove_ids(self.faiss.IDSelectorBatch(positions.astype(np.int64)))
+            return
+        # HNSW graphs cannot drop nodes, IVF lists number their rows: rebuild from the remaining keys,
+        # a block at a time (IVF keeps its trained centroids)
+        old = self.index
+        index = self._new_index(np.zeros((0, old.d), np.float32)) \
+            if self.params["index_type"] == "hnsw" else self.faiss.clone_index(old)
+        if self.params["index_type"] == "ivf":
+            index.reset()
+        for s in range(0, keep.size, 1 << 16):
+            index.add(old.reconstruct_batch(keep[s:s + (1 << 16)].astype(np.int64)))
+        self.index = index
+
     # ------------------------------------------------------------ searching
+    def _search_parameters(self, s: int, allow: np.ndarray | None):
+        """faiss search parameters: list sizes, and an ``IDSelectorBatch`` of the allowed positions."""
+        faiss, p = self.faiss, self.params
+        sel = {} if allow is None else {"sel": faiss.IDSelectorBatch(allow.astype(np.int64))}
+        if p["index_type"] == "hnsw":
+            return faiss.SearchParametersHNSW(efSearch=max(p["ef_search"], s), **sel)
+        if p["index_type"] == "ivf":
+            return faiss.SearchParametersIVF(nprobe=min(p["nprobe"], self.nlist), **sel)
+        return faiss.SearchParameters(**sel)
+
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
-               positions_of: Callable[[np.ndarray], np.ndarray], certify: bool = False,
-               queries: torch.Tensor | None = None):
-        """Top-k of the shortlist re-ranked exactly; with ``certify`` also, per query, whether
-        the result is provably the exact top-k (:mod:`anchordiv.index._certify`; never with
-        embedding candidates, which bound nothing)."""
+               positions_of: Callable[[np.ndarray], np.ndarray], allow: np.ndarray | None = None,
+               certify: bool = False, queries: torch.Tensor | None = None):
+        """Shortlist from faiss (restricted by an ``IDSelectorBatch`` to the ``allow`` positions), re-ranked
+        exactly; an allow-list no longer than the shortlist is itself the shortlist (an exact answer).
+        With ``certify`` also, per query, whether the result is provably the exact top-k
+        (:mod:`anchordiv.index._certify`; never with embedding candidates, which bound nothing)."""
         p, index = self.params, self.index
         if self.embedding_candidates and queries is None:
             raise ValueError("candidates='embedding' needs the query embeddings (searched through Index.search).")
-        s = shortlist_size(p["shortlist"], k, n)
-        if p["index_type"] == "hnsw":
-            index.hnsw.efSearch = max(p["ef_search"], s)
-        elif p["index_type"] == "ivf":
+        s = shortlist_size(p["shortlist"], k, n if allow is None else allow.size)
+        params = self._search_parameters(s, allow)
+        if p["index_type"] == "ivf":
             index.nprobe = min(p["nprobe"], self.nlist)
         per_query = s * (phi.shape[1] + 3) * (8 + phi.element_size())
         out_d, out_p, out_c = [], [], []
@@ -242,18 +290,25 @@ class FaissBackend(Backend):
                 y = np.ascontiguousarray(queries[sl].detach().to(torch.float32).cpu().numpy())
             else:
                 y = self.layout.queries(phi[sl])
-            if p["index_type"] == "ivf":  # the lists probed are known, for the certificate
+            dist = lists = None
+            if allow is not None and allow.size <= s:
+                cand = np.broadcast_to(allow, (y.shape[0], allow.size))
+            elif p["index_type"] == "ivf" and allow is None:  # the lists probed are known, for the certificate
                 list_d, lists = index.quantizer.search(y, index.nprobe)
-                dist, cand = index.search_preassigned(y, s, lists, list_d)
+                # faiss.contrib.torch_utils (imported e.g. by pytorch-metric-learning) replaces search and
+                # search_preassigned with torch versions; faiss keeps its own as *_numpy
+                dist, cand = getattr(index, "search_preassigned_numpy", index.search_preassigned)(y, s, lists, list_d)
             else:
-                dist, cand = index.search(y, s)
+                dist, cand = getattr(index, "search_numpy", index.search)(y, s, params=params)
             psi = self._stored_features(cand).to(phi.device)
             pos = torch.from_numpy(cand.astype(np.int64)).to(phi.device)
             d, i = rerank(offsets[sl], phi[sl], psi, pos, k)
             out_d.append(d)
             out_p.append(i)
-            if certify and self.embedding_candidates:
-                out_c.append(np.zeros(len(y), dtype=bool))
+            if certify and dist is None:  # the allowed keys were the whole shortlist
+                out_c.append((i[:, -1] >= 0).cpu().numpy())
+            elif certify and (self.embedding_candidates or (p["index_type"] == "ivf" and lists is None)):
+                out_c.append(np.zeros(len(y), dtype=bool))  # no bound (an IVF search with a selector: lists unknown)
             elif certify:
                 out_c.append(self._certify(y, dist, cand, lists if p["index_type"] == "ivf" else None,
                                            d[:, -1:], offsets[sl], i[:, -1] >= 0))

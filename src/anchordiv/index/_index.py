@@ -10,10 +10,10 @@ import torch
 
 from .._backend import positive_int
 from ..models.base import AnchorModel, EuclideanModel, Geometry
-from ._common import Backend
+from ._common import Backend, id_array, restricted_knn
 from ._exact import ExactBackend
 from ._faiss import FaissBackend
-from ._milvus import MilvusBackend
+from ._milvus import ID_FIELD, MilvusBackend
 from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, block_shape, knn, smallest_k
 from ._storage import FORMAT, VERSION, atomic_save, geometry_from_dict, geometry_to_dict, read_payload
 
@@ -162,28 +162,26 @@ class Index:
             raise ValueError(f"{name} has dimension {t.shape[1]} but this index holds vectors of dimension {self._dim}.")
         return t, kind
 
-    def _new_ids(self, ids: Any, n: int) -> np.ndarray:
+    def _new_ids(self, ids: Any, n: int, replace: bool = False) -> np.ndarray:
+        """Checked ids of ``n`` new rows (default: continuing len(index)); with ``replace``, ids
+        already stored are allowed (an upsert)."""
         if ids is None:
+            if replace:
+                raise ValueError("upsert needs ids=: the ids of the rows to insert or replace.")
             new = np.arange(len(self), len(self) + n, dtype=np.int64)
         else:
-            if isinstance(ids, torch.Tensor):
-                ids = ids.detach().cpu().numpy()
-            arr = np.asarray(ids)
-            if arr.ndim != 1 or arr.shape[0] != n:
-                raise ValueError(f"ids must be a 1-D sequence of {n} ints (one per row of G), got shape {arr.shape}.")
-            if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-                raise ValueError(f"ids must be integers (int64), got dtype {arr.dtype}.")
-            if arr.dtype == np.uint64 and n and int(arr.max()) > np.iinfo(np.int64).max:
-                raise ValueError("ids must fit in int64.")
-            new = arr.astype(np.int64)
+            new = id_array(ids, "ids")
+            if new.shape[0] != n:
+                raise ValueError(f"ids must be a 1-D sequence of {n} ints (one per row of G), got shape {new.shape}.")
         uniq, counts = np.unique(new, return_counts=True)
         if (counts > 1).any():
             dup = uniq[counts > 1]
             raise ValueError(f"Duplicate ids within this batch: {dup[:5].tolist()}{' ...' if len(dup) > 5 else ''}.")
         clash = new[np.isin(new, self._ids)]
-        if clash.size:
+        if clash.size and not replace:
             raise ValueError(
-                f"ids already in the index: {clash[:5].tolist()}{' ...' if clash.size > 5 else ''}; every id must be unique."
+                f"ids already in the index: {clash[:5].tolist()}{' ...' if clash.size > 5 else ''}; every id must be "
+                "unique (use upsert to replace stored vectors)."
             )
         return new
 
@@ -207,7 +205,7 @@ class Index:
         return positions
 
     # ------------------------------------------------------------------- API
-    def add(self, G: Any, ids: Any = None) -> "Index":
+    def add(self, G: Any, ids: Any = None, metadata: Any = None) -> "Index":
         """Add the rows of ``G`` (numpy or torch, (n, d)) with optional int64 ``ids``.
 
         Parameters
@@ -216,6 +214,10 @@ class Index:
             Vectors in the model's embedding space.
         ids : array-like (n,) of int, optional
             One unique id per row; default len(index), len(index) + 1, …
+        metadata : pandas.DataFrame (n rows), optional
+            Milvus only: stored as scalar fields (bool, int, float or str columns) beside the
+            vectors, for ``search(filter=...)`` expressions and other tools. The first add
+            fixes the columns; later adds bring the same ones.
 
         Returns
         -------
@@ -229,20 +231,96 @@ class Index:
         beyond what the backend stores.
         """
         g, _ = self._vectors(G, "G")
-        new = self._new_ids(ids, g.shape[0])
+        self._add(g, self._new_ids(ids, g.shape[0]), metadata=self._metadata(metadata, g.shape[0]))
+        return self
+
+    def _metadata(self, metadata: Any, n: int) -> Any:
+        """``metadata`` as a pandas DataFrame of ``n`` rows (milvus only), or None."""
+        if metadata is None:
+            return None
+        if not isinstance(self._backend, MilvusBackend):
+            raise ValueError(f"metadata is stored by the milvus backend only; the {self.backend!r} backend keeps "
+                             "vectors alone (keep the metadata table beside the index and filter by ids).")
+        import pandas as pd
+
+        frame = metadata if isinstance(metadata, pd.DataFrame) else pd.DataFrame(metadata)
+        if len(frame) != n:
+            raise ValueError(f"metadata has {len(frame)} rows but G has {n}; give one metadata row per vector.")
+        return frame.reset_index(drop=True)
+
+    def _add(self, g: torch.Tensor, new: np.ndarray, upsert: bool = False, metadata: Any = None) -> None:
+        """Store the key features of ``g`` under the (checked) ids ``new``, a budget-sized block at a time."""
         budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
         width = self._feature_width(g)  # the feature width sets the block
         rows = block_shape(1, g.shape[0], width, g.element_size(), 1, budget)[1]
         self._backend.reserve(g.shape[0], width, g.dtype, g.device)
         for start in range(0, g.shape[0], rows):
             block = slice(start, start + rows)
-            self._backend.add(self._model._key_terms(g[block], self._symmetric), new[block], self._ids, raw=g[block])
-            self._ids = np.concatenate([self._ids, new[block]])
-            self._lookup = None
+            self._add_keys(self._model._key_terms(g[block], self._symmetric), new[block], upsert,
+                           g[block], None if metadata is None else metadata.iloc[block])
         self._dim = int(g.shape[1])
+
+    def _add_keys(self, psi: torch.Tensor, new: np.ndarray, upsert: bool = False, raw: Any = None,
+                  metadata: Any = None) -> None:
+        """Hand key features ``psi`` of ids ``new`` to the backend; milvus also stores the raw embeddings
+        ``raw`` and the ``metadata`` rows."""
+        if isinstance(self._backend, MilvusBackend):
+            extra = {"embedding": None if raw is None else np.asarray(torch.as_tensor(raw).detach().cpu(), np.float32),
+                     "metadata": metadata}
+            self._backend.add(psi, new, self._ids, upsert=upsert, extra=extra)
+        else:
+            self._backend.add(psi, new, self._ids, upsert=upsert, raw=None if raw is None else torch.as_tensor(raw))
+        self._ids = np.concatenate([self._ids, new])
+        self._lookup = None
+
+    def upsert(self, G: Any, ids: Any, metadata: Any = None) -> "Index":
+        """Insert the rows of ``G`` under ``ids``, replacing the stored vectors of ids already present.
+
+        A replaced vector is stored as a newly added one (it moves to the end of the
+        insertion order that breaks ties). On Milvus the rows are written with Milvus'
+        upsert, so a repeated call (a retried task) leaves one row per id.
+
+        Returns
+        -------
+        Index
+            self.
+        """
+        g, _ = self._vectors(G, "G")
+        new = self._new_ids(ids, g.shape[0], replace=True)
+        frame = self._metadata(metadata, g.shape[0])
+        positions, found = self._find(new)
+        if found.any():
+            self._drop(positions[found], new[found], replaced=True)
+        self._add(g, new, upsert=True, metadata=frame)
         return self
 
-    def search(self, Q: Any, k: int = 10, exclude: Any = None, *, certify: bool = False,
+    def delete(self, ids: Any) -> "Index":
+        """Remove the vectors of ``ids`` (each must be stored); the others keep their order.
+
+        faiss ``hnsw`` and ``ivf`` indexes are rebuilt from the remaining vectors (an HNSW
+        graph cannot drop nodes; the IVF lists keep their trained centroids).
+
+        Returns
+        -------
+        Index
+            self.
+        """
+        gone = id_array(ids, "ids")
+        positions, found = self._find(gone)
+        if not found.all():
+            missing = gone[~found]
+            raise ValueError(f"ids not in the index: {missing[:5].tolist()}{' ...' if missing.size > 5 else ''}; "
+                             "delete only stored ids (see index.ids).")
+        self._drop(np.unique(positions), np.unique(gone))
+        return self
+
+    def _drop(self, positions: np.ndarray, ids: np.ndarray, replaced: bool = False) -> None:
+        positions = np.unique(positions)
+        self._backend.delete(positions, ids, len(self), replaced=replaced)
+        self._ids = np.delete(self._ids, positions)
+        self._lookup = None
+
+    def search(self, Q: Any, k: int = 10, exclude: Any = None, filter: Any = None, *, certify: bool = False,
                fallback: bool = True) -> tuple[Any, ...]:
         """The k stored vectors closest to each query.
 
@@ -254,6 +332,13 @@ class Index:
             Neighbours per query, at most ``len(index)``.
         exclude : array-like (|Q|,) or (|Q|, e) of int, optional
             Ids that each query must not return (−1 for none), e.g. a query's own id.
+        filter : array-like of int or str, optional
+            Search only these ids (an allow-list; ids not stored are ignored), on every
+            backend: exact restricts the blocked scan, faiss passes an ``IDSelectorBatch``
+            in its search parameters, milvus an ``id in [...]`` expression. A string is a
+            Milvus boolean expression on the collection's scalar fields (e.g.
+            ``'label == "cat" and id > 10'``), milvus only; queries with fewer than k
+            matching rows get id −1 and distance inf for the rest.
         certify : bool
             Also prove, per query, that the result is the exact top-k: the keys left out of
             the re-ranked shortlist are bounded away from the k-th result (faiss ``flat``
@@ -282,19 +367,25 @@ class Index:
         if k > len(self):
             raise ValueError(f"k={k} exceeds the {len(self)} vectors in the index; pass k <= {len(self)}.")
         q, kind = self._vectors(Q, "Q")
+        allow = None if filter is None else self._allowed(filter, k)
         ex = None if exclude is None else self._excluded_positions(exclude, q.shape[0], k, q.device)
+        if ex is not None and isinstance(allow, np.ndarray):
+            inside = int(np.isin(ex.cpu().numpy(), allow).sum(1).max(initial=0))
+            if k > allow.size - inside:
+                raise ValueError(f"k={k} exceeds the allowed ids left after excluding ({allow.size - inside}); "
+                                 "pass a smaller k.")
         # the query features are made a block at a time, within the key share of the budget
         budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
         width = self._feature_width(q)
         rows = block_shape(1, q.shape[0], width, q.element_size(), 1, budget)[1]
-        parts = [self._search_block(q[s:s + rows], k, None if ex is None else ex[s:s + rows], certify)
+        parts = [self._search_block(q[s:s + rows], k, None if ex is None else ex[s:s + rows], allow, certify)
                  for s in range(0, q.shape[0], rows)]
         dist, pos = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         if certify:
             certified = np.concatenate([p[2] for p in parts])
             if fallback and not certified.all():
                 redo = torch.from_numpy(np.flatnonzero(~certified)).to(q.device)
-                dist[redo], pos[redo] = self._exact_positions(q[redo], k, None if ex is None else ex[redo])
+                dist[redo], pos[redo] = self._exact_positions(q[redo], k, None if ex is None else ex[redo], allow)
         pos_np = pos.cpu().numpy()
         ids = np.where(pos_np >= 0, self._ids[np.clip(pos_np, 0, None)], -1).astype(np.int64)
         out = (kind.out(dist), ids) if kind.is_numpy else (kind.out(dist.to(q.device)), torch.from_numpy(ids).to(q.device))
@@ -306,31 +397,55 @@ class Index:
             self._width = int(self._model._key_terms(X[:1], self._symmetric).shape[1])
         return self._width
 
-    def _search_block(self, q: torch.Tensor, k: int, ex: torch.Tensor | None, certify: bool = False) -> tuple:
+    def _allowed(self, filter: Any, k: int) -> np.ndarray | str:
+        """Sorted stored positions of an id allow-list, or a Milvus expression (milvus only)."""
+        if isinstance(filter, str):
+            if not isinstance(self._backend, MilvusBackend):
+                raise ValueError(
+                    f"filter={filter!r} is a Milvus expression, which the {self.backend!r} backend cannot evaluate; "
+                    "pass an array of allowed ids (or use backend='milvus')."
+                )
+            return filter
+        ids = id_array(filter, "filter")
+        positions, found = self._find(ids)
+        positions = np.unique(positions[found])
+        if k > positions.size:
+            raise ValueError(f"k={k} exceeds the {positions.size} stored ids that filter allows; pass a smaller k.")
+        if isinstance(self._backend, MilvusBackend):
+            return f"{ID_FIELD} in [{', '.join(str(int(i)) for i in self._ids[positions])}]"
+        return positions
+
+    def _search_block(self, q: torch.Tensor, k: int, ex: torch.Tensor | None,
+                      allow: np.ndarray | str | None = None, certify: bool = False) -> tuple:
         """(distances, positions) of one block of queries, and with ``certify`` the certificate."""
         offsets, phi = self._model._query_terms(q, self._symmetric)
         extra = {"certify": True} if certify else {}
         if isinstance(self._backend, FaissBackend):
             extra["queries"] = q
         if ex is None:
-            return self._backend.search(offsets, phi, k, len(self), self._positions_of, **extra)
+            return self._backend.search(offsets, phi, k, len(self), self._positions_of, allow=allow, **extra)
         if isinstance(self._backend, ExactBackend):
-            return self._backend.search(offsets, phi, k, len(self), self._positions_of, exclude=ex, **extra)
+            return self._backend.search(offsets, phi, k, len(self), self._positions_of, exclude=ex, allow=allow,
+                                        **extra)
         # an approximate index: fetch e more candidates, drop the excluded ones (an exact top-(k + e)
         # stays exact once the excluded keys are dropped)
-        found = self._backend.search(offsets, phi, min(len(self), k + ex.shape[1]), len(self),
-                                     self._positions_of, **extra)
+        wanted = min(len(self) if allow is None or isinstance(allow, str) else allow.size, k + ex.shape[1])
+        found = self._backend.search(offsets, phi, wanted, len(self), self._positions_of, allow=allow, **extra)
         dist, pos = found[0], found[1]
         dropped = (pos[:, :, None] == ex[:, None, :]).any(-1) | (pos < 0)
         dist, pos = smallest_k(dist.masked_fill(dropped, torch.inf), pos.masked_fill(dropped, NO_INDEX), k)
         return (dist, pos.masked_fill(pos == NO_INDEX, -1)) + tuple(found[2:])
 
-    def _exact_positions(self, q: torch.Tensor, k: int, ex: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Exact top-k (distances, positions) over the stored key features, by :func:`knn`."""
+    def _exact_positions(self, q: torch.Tensor, k: int, ex: torch.Tensor | None,
+                         allow: np.ndarray | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact top-k (distances, positions) over the stored key features (those at the sorted
+        positions ``allow`` only, when given), by :func:`knn`."""
+        if isinstance(allow, str):
+            raise ValueError("An exact search again (certify=True with fallback) cannot evaluate a Milvus expression "
+                             "filter; pass the allowed ids as an array, or fallback=False.")
         offsets, phi = self._model._query_terms(q, self._symmetric)
-        return knn(offsets, phi, self._backend.key_blocks(self._ids), k, n_keys=len(self), exclude=ex,
-                   memory_budget=int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET)),
-                   progress=False)
+        budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
+        return restricted_knn(offsets, phi, self._backend.key_blocks(self._ids), k, len(self), ex, allow, budget)
 
     def recall(self, Q: Any, k: int = 10) -> float:
         """Recall@k of this index on queries ``Q``: the share of the exact top-k (over the stored
@@ -345,7 +460,7 @@ class Index:
 
     def _excluded_positions(self, exclude: Any, n_q: int, k: int, device: torch.device) -> torch.Tensor:
         """Positions (n_q, e) of the ids each query excludes (−1: none); unknown ids are ignored."""
-        ids = exclude.detach().cpu().numpy() if isinstance(exclude, torch.Tensor) else np.asarray(exclude)
+        ids = exclude.detach().cpu().numpy() if isinstance(exclude, torch.Tensor) else np.asarray(exclude)  # (n_q, e)
         if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
             raise ValueError(f"exclude must hold integer ids (−1 for none), got dtype {ids.dtype}.")
         ids = ids.astype(np.int64).reshape(n_q, -1) if ids.ndim == 1 and ids.shape[0] == n_q else ids.astype(np.int64)

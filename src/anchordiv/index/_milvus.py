@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import uuid
 from typing import Any, Callable
 
@@ -22,11 +23,17 @@ from ._common import (DEFAULT_MEMORY_BUDGET, Backend, margin_value, positive_int
 from ._layout import VectorLayout
 
 INDEX_TYPES = ("FLAT", "HNSW", "IVF_FLAT", "AUTOINDEX")
-ID_FIELD, VECTOR_FIELD = "id", "vec"
+ID_FIELD, VECTOR_FIELD, EMBEDDING_FIELD = "id", "vec", "embedding"
+#: Suffix of the companion collection that holds the raw embeddings where a collection allows one vector field.
+COMPANION_SUFFIX = "_embedding"
+#: Longest string a VARCHAR metadata field holds.
+MAX_VARCHAR = 65535
 #: Largest ``limit`` (top-k) a Milvus search accepts.
 MAX_LIMIT = 16384
 #: Bytes of vectors sent per insert request.
 INSERT_BYTES = 16 * 2**20
+#: Tries to connect before an unreachable server is reported.
+CONNECT_ATTEMPTS = 3
 #: Ids per ``get`` request when stored vectors are read back.
 GET_BATCH = 2048
 #: Collection property that holds the fingerprint of the index stored in it.
@@ -96,8 +103,9 @@ def model_digest(model: Any) -> str:
     return f"{name}:{h.hexdigest()}"
 
 
-def ids_digest(ids: np.ndarray, previous: str | None = None) -> str:
-    """Order-independent ``"<count>:<hash>"`` of an id set; ``previous`` is the digest of the ids stored before.
+def ids_digest(ids: np.ndarray, previous: str | None = None, removed: bool = False) -> str:
+    """Order-independent ``"<count>:<hash>"`` of an id set; ``previous`` is the digest of the ids stored before,
+    to which ``ids`` are added (or from which they are ``removed``).
 
     The hash is the sum modulo 2⁶⁴ of splitmix64(id), so it is updated per batch.
     """
@@ -106,8 +114,9 @@ def ids_digest(ids: np.ndarray, previous: str | None = None) -> str:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z = z ^ (z >> np.uint64(31))
-    total = (total + int(z.sum(dtype=np.uint64))) & _MASK
-    return f"{count + len(z)}:{total:016x}"
+    sign = -1 if removed else 1
+    total = (total + sign * int(z.sum(dtype=np.uint64))) & _MASK
+    return f"{count + sign * len(z)}:{total:016x}"
 
 
 def _short(value: Any) -> Any:
@@ -148,12 +157,52 @@ def _connect(pymilvus: Any, p: dict) -> Any:
     lite = is_lite(p["uri"])
     if lite and _lite_locked(p["uri"]):  # checked first: milvus-lite would log a traceback and fail obscurely
         raise RuntimeError(held)
-    try:
-        return pymilvus.MilvusClient(uri=p["uri"], token=p["token"] or "", db_name=p["db_name"] or "")
-    except Exception:
-        if lite and _lite_locked(p["uri"]):  # taken in the meantime
-            raise RuntimeError(held) from None
-        raise
+    for attempt in range(CONNECT_ATTEMPTS):
+        try:
+            return pymilvus.MilvusClient(uri=p["uri"], token=p["token"] or "", db_name=p["db_name"] or "")
+        except Exception as exc:
+            if lite and _lite_locked(p["uri"]):  # taken in the meantime
+                raise RuntimeError(held) from None
+            # gRPC shares a transport between clients of one address; one the server has just closed
+            # (an idle connection's GOAWAY "too many pings") fails the first call, and is reopened
+            if attempt + 1 == CONNECT_ATTEMPTS or "Fail connecting" not in str(exc):
+                raise
+            time.sleep(0.5 * (attempt + 1))
+
+
+def multi_vector(version: str) -> bool:
+    """Whether a Milvus of ``version`` (``get_server_version()``) allows several vector fields per collection
+    (Milvus 2.4 and later; milvus-lite 3.x)."""
+    import re
+
+    if version.startswith("milvus_lite"):
+        return True
+    m = re.match(r"v?(\d+)\.(\d+)", version)
+    return m is not None and (int(m.group(1)), int(m.group(2))) >= (2, 4)
+
+
+def scalar_fields(metadata: Any) -> dict[str, str]:
+    """Milvus scalar type (BOOL, INT64, DOUBLE, VARCHAR) of each column of a metadata table."""
+    import pandas as pd
+
+    out = {}
+    for col in metadata.columns:
+        name, series = str(col), metadata[col]
+        if name in (ID_FIELD, VECTOR_FIELD, EMBEDDING_FIELD) or not name.isidentifier():
+            raise ValueError(f"metadata column {name!r} cannot be a Milvus field: rename it (a Python identifier "
+                             f"other than {ID_FIELD!r}, {VECTOR_FIELD!r} and {EMBEDDING_FIELD!r}).")
+        if pd.api.types.is_bool_dtype(series):
+            out[name] = "BOOL"
+        elif pd.api.types.is_integer_dtype(series):
+            out[name] = "INT64"
+        elif pd.api.types.is_float_dtype(series):
+            out[name] = "DOUBLE"
+        elif series.map(lambda v: isinstance(v, str)).all():
+            out[name] = "VARCHAR"
+        else:
+            raise ValueError(f"metadata column {name!r} holds {series.dtype} values; a Milvus scalar field holds "
+                             "bools, integers, floats or strings: convert or drop the column.")
+    return out
 
 
 def _uri(value: Any) -> str:
@@ -214,6 +263,9 @@ class MilvusBackend(Backend):
         Milvus consistency level of searches and counts ("Strong" sees every insert).
     memory_budget : int
         Bytes allowed for the candidate features re-ranked at once.
+    store_embedding : bool
+        Keep the raw embedding beside the key vector (field ``embedding``, or the companion
+        collection ``<collection_name>_embedding`` on a Milvus that allows one vector field).
 
     Notes
     -----
@@ -227,7 +279,7 @@ class MilvusBackend(Backend):
     DEFAULTS = {"uri": None, "token": None, "db_name": None, "collection_name": "anchordiv",
                 "index_type": "FLAT", "M": 32, "ef_construction": 200, "ef_search": 128, "nlist": 128,
                 "nprobe": 16, "shortlist": None, "norm_margin": 1.25, "overwrite": False,
-                "consistency_level": "Strong", "memory_budget": DEFAULT_MEMORY_BUDGET}
+                "consistency_level": "Strong", "memory_budget": DEFAULT_MEMORY_BUDGET, "store_embedding": True}
     CHECKS = {
         "uri": _uri,
         "collection_name": lambda v: _name(v, "collection_name"),
@@ -240,6 +292,7 @@ class MilvusBackend(Backend):
         "shortlist": lambda v: None if v is None else min(positive_int(v, "shortlist"), MAX_LIMIT),
         "norm_margin": margin_value,
         "overwrite": bool,
+        "store_embedding": bool,
         "consistency_level": lambda v: _name(v, "consistency_level"),
         "memory_budget": lambda v: positive_int(v, "memory_budget"),
     }
@@ -257,6 +310,10 @@ class MilvusBackend(Backend):
         #: What the collection holds (see :meth:`_new_fingerprint`); kept in it and in the index file.
         self.fingerprint: dict | None = None
         self.model, self.symmetric = None, True
+        #: Metadata scalar fields (name → Milvus type) and where the raw embedding is kept
+        #: (``"field"``, ``"companion"`` or None); set by the first add.
+        self.fields: dict[str, str] = {}
+        self.raw: str | None = None
         name = p["collection_name"]
         if create and self.client.has_collection(name):
             if not p["overwrite"]:
@@ -265,6 +322,13 @@ class MilvusBackend(Backend):
                     "pick another collection_name, or pass overwrite=True to drop it."
                 )
             self.client.drop_collection(name)
+            if self.client.has_collection(self.companion):
+                self.client.drop_collection(self.companion)
+
+    @property
+    def companion(self) -> str:
+        """Name of the companion collection of raw embeddings."""
+        return self.params["collection_name"] + COMPANION_SUFFIX
 
     def bind(self, model: Any, symmetric: bool) -> None:
         """The model and ``symmetric`` flag of the owning index (named in the collection's fingerprint)."""
@@ -327,11 +391,27 @@ class MilvusBackend(Backend):
             )
 
     # ------------------------------------------------------------ building
-    def _create(self, dim: int, bound: float | None) -> None:
+    def _create(self, dim: int, bound: float | None, raw_dim: int | None = None,
+                fields: dict[str, str] | None = None) -> None:
+        """Create the collection: ``id``, ``vec``, the raw ``embedding`` (of ``raw_dim``; in a companion
+        collection where only one vector field is allowed) and the metadata scalar ``fields``."""
         p, DataType = self.params, self.pymilvus.DataType
+        self.fields = dict(fields or {})
+        if raw_dim is not None and p["store_embedding"]:
+            self.raw = "field" if multi_vector(self.client.get_server_version()) else "companion"
+        if self.raw == "companion" and self.client.has_collection(self.companion):
+            raise ValueError(
+                f"Milvus collection {self.companion!r} already exists at {p['uri']}, and this Milvus keeps the raw "
+                f"embeddings of {p['collection_name']!r} in a collection of that name; drop or rename it, pick "
+                "another collection_name, or pass store_embedding=False."
+            )
         schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field(ID_FIELD, DataType.INT64, is_primary=True)
         schema.add_field(VECTOR_FIELD, DataType.FLOAT_VECTOR, dim=dim)
+        if self.raw == "field":
+            schema.add_field(EMBEDDING_FIELD, DataType.FLOAT_VECTOR, dim=raw_dim)
+        for name, kind in self.fields.items():
+            schema.add_field(name, getattr(DataType, kind), **({"max_length": MAX_VARCHAR} if kind == "VARCHAR" else {}))
         build = {"HNSW": {"M": p["M"], "efConstruction": p["ef_construction"]},
                  "IVF_FLAT": {"nlist": p["nlist"]}}.get(p["index_type"], {})
         index_params = self.client.prepare_index_params()
@@ -340,6 +420,8 @@ class MilvusBackend(Backend):
         if build and is_lite(p["uri"]):
             # milvus-lite reads build parameters from a JSON "params" entry; pymilvus sends them flattened
             index_params[0].get_index_configs()["params"] = dict(build)
+        if self.raw == "field":  # a loaded collection needs an index on every vector field
+            index_params.add_index(field_name=EMBEDDING_FIELD, index_type="FLAT", metric_type="COSINE")
         name = p["collection_name"]
         fingerprint = self._new_fingerprint(dim, bound)
         self.client.create_collection(name, schema=schema, consistency_level=p["consistency_level"],
@@ -348,36 +430,82 @@ class MilvusBackend(Backend):
             # an empty collection: the index is registered at once and built as segments fill
             self.client.create_index(name, index_params, sync=False)
             self.client.load_collection(name)
+            if self.raw == "companion":
+                self._create_companion(raw_dim)
         except Exception:
             self.client.drop_collection(name)  # leave nothing half-made behind
+            if self.client.has_collection(self.companion):
+                self.client.drop_collection(self.companion)
             raise
         self.created, self.fingerprint = True, fingerprint
 
-    def _write(self, ids: np.ndarray, vectors: np.ndarray, upsert: bool = False) -> None:
-        name = self.params["collection_name"]
-        step = max(1, INSERT_BYTES // (4 * vectors.shape[1]))
+    def _create_companion(self, raw_dim: int) -> None:
+        DataType = self.pymilvus.DataType
+        schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field(ID_FIELD, DataType.INT64, is_primary=True)
+        schema.add_field(EMBEDDING_FIELD, DataType.FLOAT_VECTOR, dim=raw_dim)
+        index_params = self.client.prepare_index_params()
+        index_params.add_index(field_name=EMBEDDING_FIELD, index_type="FLAT", metric_type="COSINE")
+        self.client.create_collection(self.companion, schema=schema,
+                                      consistency_level=self.params["consistency_level"])
+        # not loaded: it is written and read by id only, and loading takes seconds on Milvus 2.3
+        self.client.create_index(self.companion, index_params, sync=False)
+
+    def _write(self, ids: np.ndarray, vectors: np.ndarray, upsert: bool = False, extra: dict | None = None) -> None:
+        """Write rows ``id``, ``vec`` and the ``extra`` columns (raw ``embedding``, metadata) of ``ids``."""
+        name, extra = self.params["collection_name"], dict(extra or {})
+        raw = extra.pop(EMBEDDING_FIELD, None)
+        if self.raw is None:
+            raw = None
+        step = max(1, INSERT_BYTES // (4 * (vectors.shape[1] + (0 if raw is None else raw.shape[1]))))
         write = self.client.upsert if upsert else self.client.insert
         for s in range(0, len(ids), step):
             rows = [{ID_FIELD: int(i), VECTOR_FIELD: v} for i, v in zip(ids[s:s + step], vectors[s:s + step])]
+            for col, values in extra.items():
+                for row, v in zip(rows, values[s:s + step]):
+                    row[col] = v.item() if isinstance(v, np.generic) else v
+            if raw is not None and self.raw == "field":
+                for row, v in zip(rows, raw[s:s + step]):
+                    row[EMBEDDING_FIELD] = v
             write(name, rows)
+            if raw is not None and self.raw == "companion":
+                self.client.upsert(self.companion, [{ID_FIELD: int(i), EMBEDDING_FIELD: v}
+                                                    for i, v in zip(ids[s:s + step], raw[s:s + step])])
 
-    def _read(self, ids: np.ndarray) -> np.ndarray:
-        """Stored vectors of ``ids``, in that order."""
+    def _read(self, ids: np.ndarray, rows: bool = False) -> Any:
+        """Stored vectors of ``ids``, in that order (``rows``: the whole rows, as dicts)."""
         name, out = self.params["collection_name"], []
+        fields = ["*"] if rows else [VECTOR_FIELD]
         for s in range(0, len(ids), GET_BATCH):
             chunk = [int(i) for i in ids[s:s + GET_BATCH]]
-            rows = self.client.get(name, ids=chunk, output_fields=[VECTOR_FIELD])
-            found = {int(r[ID_FIELD]): r[VECTOR_FIELD] for r in rows}
+            got = self.client.get(name, ids=chunk, output_fields=fields)
+            found = {int(r[ID_FIELD]): (dict(r) if rows else r[VECTOR_FIELD]) for r in got}
             missing = [i for i in chunk if i not in found]
             if missing:
                 raise RuntimeError(
                     f"Milvus collection {name!r} lacks {len(missing)} stored id(s) (e.g. {missing[:5]}); "
                     "it was changed outside this index."
                 )
-            out.append(np.asarray([found[i] for i in chunk], dtype=np.float32))
+            out.append([found[i] for i in chunk] if rows else np.asarray([found[i] for i in chunk], dtype=np.float32))
+        if rows:
+            return [r for part in out for r in part]
         return np.concatenate(out) if out else np.zeros((0, self.layout.vector_dim), np.float32)
 
-    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, raw: torch.Tensor | None = None) -> None:
+    def delete(self, positions: np.ndarray, ids: np.ndarray, n: int, replaced: bool = False) -> None:
+        """Delete the rows of ``ids`` (kept when ``replaced``: the upsert that follows overwrites them)."""
+        self._check()
+        if not replaced:
+            for s in range(0, len(ids), GET_BATCH):
+                chunk = [int(i) for i in ids[s:s + GET_BATCH]]
+                self.client.delete(self.params["collection_name"], ids=chunk)
+                if self.raw == "companion":
+                    self.client.delete(self.companion, ids=chunk)
+        self._set_fingerprint({**self.fingerprint, "ids": ids_digest(ids, self.fingerprint["ids"], removed=True)})
+
+    def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False,
+            extra: dict | None = None, raw: torch.Tensor | None = None) -> None:
+        """``extra``: ``{"embedding": raw rows (n, d), "metadata": a pandas DataFrame of n rows}`` of these ids,
+        stored as the raw ``embedding`` and the scalar fields (see :meth:`_create`)."""
         if self.created:
             self._check()
         layout = self.layout
@@ -392,20 +520,33 @@ class MilvusBackend(Backend):
             if self.fingerprint is not None:
                 self._set_fingerprint({**self.fingerprint, "M": layout.max_norm})
             for s in range(0, len(stored_ids), GET_BATCH * 8):
-                chunk = stored_ids[s:s + GET_BATCH * 8]
-                self._write(chunk, layout.keys(self._stored(self._read(chunk))), upsert=True)
+                rows = self._read(stored_ids[s:s + GET_BATCH * 8], rows=True)  # an upsert rewrites whole rows
+                keys = layout.keys(self._stored(np.asarray([r[VECTOR_FIELD] for r in rows], dtype=np.float32)))
+                for r, v in zip(rows, keys):
+                    r[VECTOR_FIELD] = v
+                self.client.upsert(self.params["collection_name"], rows)
             self.layout = layout
         vectors = layout.keys(psi)
+        raw, metadata = (extra or {}).get(EMBEDDING_FIELD), (extra or {}).get("metadata")
         if not self.created:
-            self._create(vectors.shape[1], layout.max_norm)
+            self._create(vectors.shape[1], layout.max_norm, None if raw is None else raw.shape[1],
+                         None if metadata is None else scalar_fields(metadata))
+        columns = [] if metadata is None else [str(c) for c in metadata.columns]
+        if sorted(columns) != sorted(self.fields):
+            raise ValueError(f"metadata must have the columns of the collection's scalar fields {sorted(self.fields)}, "
+                             f"got {columns}.")
+        extra = {EMBEDDING_FIELD: raw, **({} if metadata is None else
+                                          {str(c): metadata[c].tolist() for c in metadata.columns})}
         try:
-            self._write(ids, vectors)
+            self._write(ids, vectors, upsert=upsert, extra=extra)
             if self.fingerprint is not None:
                 self._set_fingerprint({**self.fingerprint, "M": layout.max_norm,
                                        "ids": ids_digest(ids, self.fingerprint["ids"])})
         except Exception:
             try:
                 self.client.delete(self.params["collection_name"], ids=[int(i) for i in ids])
+                if self.raw == "companion":
+                    self.client.delete(self.companion, ids=[int(i) for i in ids])
             except Exception:  # the original error is the one to report
                 pass
             raise
@@ -440,9 +581,10 @@ class MilvusBackend(Backend):
         return {"metric_type": self.metric, "params": extra}
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
-               positions_of: Callable[[np.ndarray], np.ndarray], certify: bool = False) -> tuple:
-        """Top-k of the shortlist re-ranked exactly; ``certify`` certifies no query (the server
-        reports no bound on the keys it left out)."""
+               positions_of: Callable[[np.ndarray], np.ndarray],
+               allow: str | None = None, certify: bool = False) -> tuple:
+        """Shortlist from Milvus (among the rows the boolean expression ``allow`` selects), re-ranked
+        exactly; ``certify`` certifies no query (the server reports no bound on the keys it left out)."""
         if k > MAX_LIMIT:
             raise ValueError(f"k={k} exceeds the {MAX_LIMIT} results a Milvus search returns; use a smaller k.")
         self._check()
@@ -455,7 +597,7 @@ class MilvusBackend(Backend):
             y = layout.queries(phi[sl])
             hits = self.client.search(p["collection_name"], data=list(y), limit=s, anns_field=VECTOR_FIELD,
                                       search_params=self._search_params(s), output_fields=[VECTOR_FIELD],
-                                      consistency_level=p["consistency_level"])
+                                      consistency_level=p["consistency_level"], filter=allow or "")
             cand = np.full((len(y), s), -1, dtype=np.int64)
             valid = np.zeros((len(y), s), dtype=bool)  # not cand >= 0: ids may be negative
             vecs = np.zeros((len(y), s, layout.vector_dim), dtype=np.float32)
@@ -471,7 +613,7 @@ class MilvusBackend(Backend):
             out_d.append(d)
             out_p.append(i)
         d, i = torch.cat(out_d), torch.cat(out_p)
-        warn_missing(i, "milvus", "Raise nprobe (IVF_FLAT) or ef_search (HNSW).")
+        warn_missing(i, "milvus", "Fewer rows match the filter, or raise nprobe (IVF_FLAT) or ef_search (HNSW).")
         return (d, i, np.zeros(len(d), dtype=bool)) if certify else (d, i)
 
     # ---------------------------------------------------------------- state
@@ -486,10 +628,12 @@ class MilvusBackend(Backend):
     def prepare_save(self) -> None:
         if self.created:
             self.client.flush(self.params["collection_name"])
+            if self.raw == "companion":
+                self.client.flush(self.companion)
 
     def state(self, n: int) -> dict:
         return {"layout": None if self.layout is None else self.layout.state(), "created": self.created,
-                "fingerprint": self.fingerprint}
+                "fingerprint": self.fingerprint, "fields": dict(self.fields), "raw": self.raw}
 
     @classmethod
     def restore(cls, params: dict, euclidean: bool, state: dict, n: int, source: str) -> "MilvusBackend":
@@ -505,6 +649,7 @@ class MilvusBackend(Backend):
         """Reopen the collection of a saved index; refuse one that does not hold what the file lists."""
         layout, name, uri = state.get("layout"), self.params["collection_name"], self.params["uri"]
         self.created, self.fingerprint = bool(state.get("created")), state.get("fingerprint")
+        self.fields, self.raw = dict(state.get("fields") or {}), state.get("raw")
         if layout is not None:
             self.layout = VectorLayout.from_state(layout)
         if not self.created:
