@@ -99,12 +99,13 @@ def test_block_shape_fits_the_budget(n_q, n_keys, D, item, k, budget):
     q_rows, g_rows = S.block_shape(n_q, n_keys, D, item, k, budget)
     assert 1 <= q_rows <= n_q and 1 <= g_rows <= min(n_keys, S.MAX_KEY_BLOCK)
     keys = g_rows * D * item * S.FEATURE_TRANSIENT
-    scores = q_rows * g_rows * item + 4 * q_rows * k * (item + 8)
+    # a score block and the GEMM's buffer of the same size
+    scores = q_rows * g_rows * item * S.GEMM_TRANSIENT + 4 * q_rows * k * (item + 8)
     assert keys <= S.KEY_SHARE * budget or g_rows == 1
     assert scores <= S.SCORE_SHARE * budget or q_rows == 1
     # the blocks are as large as their share allows: one more query row would not fit
     if q_rows < n_q:
-        assert scores + g_rows * item + 4 * k * (item + 8) > S.SCORE_SHARE * budget
+        assert scores + g_rows * item * S.GEMM_TRANSIENT + 4 * k * (item + 8) > S.SCORE_SHARE * budget
 
 
 def test_distance_matrix_equals_brute_force(tied):

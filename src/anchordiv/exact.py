@@ -37,8 +37,12 @@ KEY_SHARE = 0.25
 #: packing buffers and the running top-k.
 SCORE_SHARE = 0.5
 #: Bytes that computing a row of features takes, per byte of the finished features (η, ∇κ,
-#: the centred copies and the concatenation live together for a moment).
-FEATURE_TRANSIENT = 4
+#: the centred copies and the concatenation live together for a moment, and softmax's logits
+#: for one chunk of anchors).
+FEATURE_TRANSIENT = 5
+#: Bytes a score block takes while its GEMM runs, per byte of the block (the CPU GEMM works in a
+#: buffer of the output's size, measured: +32.6 MiB for a 31.75 MiB block computed in place).
+GEMM_TRANSIENT = 2
 #: Index of entries that are no result (an empty slot of a shortlist).
 NO_INDEX = torch.iinfo(torch.int64).max
 #: Bytes of the rows whose k-th value is tied that are resolved at once (their scores are copied).
@@ -194,8 +198,9 @@ def block_shape(n_q: int, n_keys: int, feature_dim: int, item: int, k: int, memo
     key_rows = MAX_KEY_BLOCK if keys_given else max(1, int(budget * KEY_SHARE) // per_key)
     key_rows = max(1, min(n_keys, MAX_KEY_BLOCK, key_rows))
     left = int(budget * SCORE_SHARE)
-    # per query: one score row, plus the merge of two k-lists (values + int64 indices)
-    per_query = key_rows * item + 4 * k * (item + 8)
+    # per query: one score row and the GEMM's buffer for it, plus the merge of two k-lists
+    # (values + int64 indices)
+    per_query = key_rows * item * GEMM_TRANSIENT + 4 * k * (item + 8)
     query_rows = max(1, min(n_q, left // per_query))
     return query_rows, key_rows
 

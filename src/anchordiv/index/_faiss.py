@@ -283,7 +283,9 @@ class FaissBackend(Backend):
         params = self._search_parameters(s, allow)
         if p["index_type"] == "ivf":
             index.nprobe = min(p["nprobe"], self.nlist)
-        per_query = s * (phi.shape[1] + 3) * (8 + phi.element_size())
+        # per shortlisted key: its stored vector, faiss' reconstructed copy, the re-ranking copy of ψ
+        # and its position and distance
+        per_query = s * (phi.shape[1] + 3) * (3 * phi.element_size() + 12)
         out_d, out_p, out_c = [], [], []
         for sl in query_blocks(phi.shape[0], per_query, p["memory_budget"]):
             if self.embedding_candidates:
