@@ -69,15 +69,16 @@ def largest_k(scores: torch.Tensor, index: torch.Tensor | None, k: int) -> tuple
 def _select(scores: torch.Tensor, index: torch.Tensor | None, k: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
     n = scores.shape[1]
     positions = index is None
-    if positions:
-        index = torch.arange(n, device=scores.device)
-    shared = index if index.ndim == 1 else None
-    index = index.expand_as(scores)
     if k >= n:
+        if positions:  # columns already in index order
+            return torch.sort(scores, dim=1, stable=True, descending=largest)
+        index = index.expand_as(scores)
         order = torch.argsort(index, dim=1, stable=True)
         scores, index = scores.gather(1, order), index.gather(1, order)
         d, o = torch.sort(scores, dim=1, stable=True, descending=largest)
         return d, index.gather(1, o)
+    shared = None if positions or index.ndim != 1 else index
+    index = None if positions else index.expand_as(scores)
     top_vals, top_pos = torch.topk(scores, k + 1, dim=1, largest=largest, sorted=True)
     same = top_vals[:, 1:] == top_vals[:, :-1]  # equal neighbours in the top k + 1
     if not bool(same.any()):  # no tie: top-k's order is the (value, index) order
@@ -212,28 +213,21 @@ def _key_blocks(keys: torch.Tensor | Iterable[torch.Tensor], rows: int) -> Itera
             yield block[start:start + rows]
 
 
-def _scores(offsets: torch.Tensor | None, phi: torch.Tensor, psi: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """o[:, None] − φ ψᵀ into ``out`` (one GEMM); −φ ψᵀ when ``offsets`` is None.
-
-    A row's top-k does not depend on its offset o(q), so the search ranks −φψᵀ and adds
-    o(q) to the k results only, which saves a pass over every score block.
-    """
-    if offsets is None:
-        return torch.addmm(out, phi, psi.T, beta=0, alpha=-1, out=out)
+def _scores(offsets: torch.Tensor, phi: torch.Tensor, psi: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """o[:, None] − φ ψᵀ into ``out`` (one GEMM)."""
     out.copy_(offsets[:, None].expand_as(out))
     return out.addmm_(phi, psi.T, alpha=-1)
 
 
-def _exclude(scores: torch.Tensor, exclude: torch.Tensor | None, rows: slice, k0: int,
-             value: float = torch.inf) -> None:
-    """Set the excluded (query, key) pairs of this block to ``value`` (+inf: never among the smallest)."""
+def _exclude(scores: torch.Tensor, exclude: torch.Tensor | None, rows: slice, k0: int) -> None:
+    """Set the excluded (query, key) pairs of this block of φᵀψ to −inf (never among the largest)."""
     if exclude is None:
         return
     ex = exclude[rows] - k0
     hit = (ex >= 0) & (ex < scores.shape[1])
     if bool(hit.any()):
         r, c = torch.nonzero(hit, as_tuple=True)
-        scores[r, ex[r, c]] = value
+        scores[r, ex[r, c]] = -torch.inf
 
 
 def knn(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor], k: int, *,
@@ -287,9 +281,10 @@ def knn(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[
         m = psi.shape[0]
         for q0 in range(0, n_q, q_rows):
             rows = slice(q0, min(n_q, q0 + q_rows))
-            # rank by the largest φᵀψ (torch's CPU top-k is faster for the largest); −φᵀψ to the heap
+            # a row's top-k does not depend on its offset o(q): rank by the largest φᵀψ (torch's CPU
+            # top-k is faster for the largest), give −φᵀψ to the heap and add o(q) to the k results
             scores = torch.mm(phi[rows], psi.T, out=buffer[:(rows.stop - q0) * m].view(-1, m))
-            _exclude(scores, exclude, rows, k0, -torch.inf)
+            _exclude(scores, exclude, rows, k0)
             s, i = largest_k(scores, None, min(k, m))
             heap.push_selected(rows, s.neg_(), i + k0)
         heap.close_block(m)

@@ -307,22 +307,24 @@ class FaissBackend(Backend):
             d, i = rerank(offsets[sl], phi[sl], psi, pos, k)
             out_d.append(d)
             out_p.append(i)
-            if certify and dist is None:  # the allowed keys were the whole shortlist
-                out_c.append((i[:, -1] >= 0).cpu().numpy())
-            elif certify and (self.embedding_candidates or (p["index_type"] == "ivf" and lists is None)):
-                out_c.append(np.zeros(len(y), dtype=bool))  # no bound (an IVF search with a selector: lists unknown)
-            elif certify:
-                out_c.append(self._certify(y, dist, cand, lists if p["index_type"] == "ivf" else None,
-                                           d[:, -1:], offsets[sl], i[:, -1] >= 0))
+            if certify:
+                out_c.append(self._certify(y, dist, cand, lists, d[:, -1:], offsets[sl], i[:, -1] >= 0))
         d, i = torch.cat(out_d), torch.cat(out_p)
         warn_missing(i, "faiss", "Raise nprobe (ivf) or ef_search (hnsw).")
         return (d, i, np.concatenate(out_c)) if certify else (d, i)
 
-    def _certify(self, y: np.ndarray, dist: np.ndarray, cand: np.ndarray, lists: np.ndarray | None,
+    def _certify(self, y: np.ndarray, dist: np.ndarray | None, cand: np.ndarray, lists: np.ndarray | None,
                  kth: torch.Tensor, offsets: torch.Tensor, found: torch.Tensor) -> np.ndarray:
-        """Whether each query's re-ranked shortlist is the exact top-k."""
-        if self.params["index_type"] == "hnsw":
-            return np.zeros(len(y), dtype=bool)  # a graph search bounds nothing it did not visit
+        """Whether each query's re-ranked shortlist is the exact top-k. ``dist`` None: the shortlist
+        was every allowed key; ``lists``: the IVF lists probed (None: not known)."""
+        found = found.cpu().numpy()
+        if dist is None:
+            return found
+        index_type = self.params["index_type"]
+        if self.embedding_candidates or index_type == "hnsw" or (index_type == "ivf" and lists is None):
+            # no bound: embedding candidates and graph searches bound nothing they did not visit,
+            # and an IVF search with a selector does not tell which lists it probed
+            return np.zeros(len(y), dtype=bool)
         centroids, radii, key_norm = self._certificate_bounds()
         bound = _certify.scanned_bound(dist, cand)
         if lists is not None:
@@ -331,7 +333,7 @@ class FaissBackend(Backend):
         kth_l2 = self.layout.l2_squared(kth, offsets, y)[:, 0]
         scale = np.sqrt((y.astype(np.float64) ** 2).sum(1)) + key_norm
         ok = _certify.certified(kth_l2, bound, _certify.rounding_slack(self.layout.vector_dim, scale))
-        return ok & found.cpu().numpy()
+        return ok & found
 
     def _certificate_bounds(self) -> tuple:
         """(IVF centroids, list radii, largest stored key norm), computed once per set of keys."""
@@ -344,10 +346,11 @@ class FaissBackend(Backend):
                             if self.layout.euclidean else self.layout.max_norm)
             else:
                 centroids, radii = np.zeros((0, self.layout.vector_dim)), (np.zeros(0), np.zeros(0))
-                key_norm = 0.0
-                for start in range(0, self.index.ntotal, 1 << 16):
-                    x = _as_numpy(self.index.reconstruct_n(start, min(1 << 16, self.index.ntotal - start)))
-                    key_norm = max(key_norm, float(np.linalg.norm(x.astype(np.float64), axis=1).max()))
+                key_norm = self.layout.max_norm  # augmented keys share the norm M
+                if self.layout.euclidean:
+                    key_norm = max(float(np.linalg.norm(_as_numpy(x).astype(np.float64), axis=1).max())
+                                   for x in (self.index.reconstruct_n(s, min(1 << 16, self.index.ntotal - s))
+                                             for s in range(0, self.index.ntotal, 1 << 16)))
             self._bounds = (centroids, radii, key_norm)
         return self._bounds
 
