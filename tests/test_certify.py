@@ -69,11 +69,13 @@ def test_certified_queries_are_exact_and_fallback_makes_all_exact(data, name, in
     np.testing.assert_allclose(d2, d_exact, rtol=1e-5, atol=1e-5)
 
 
-def test_embedding_candidates_certify_nothing_and_fall_back_exactly(data):
+@pytest.mark.parametrize("candidates", ["auto", "embedding"])
+def test_embedding_and_routed_candidates_certify_nothing_and_fall_back_exactly(data, candidates):
     A, G, Q = data
     model = MODELS["softmax"](A)
-    index = ad.Index(model, "faiss", index_type="ivf", nlist=64)
-    assert index.params["candidates"] == "embedding"  # "auto" for an anchor model without a Euclidean embedding
+    index = ad.Index(model, "faiss", index_type="ivf", nlist=64, candidates=candidates)
+    # "auto": routed lists for an anchor model without a Euclidean embedding
+    assert index.params["candidates"] == ("routed" if candidates == "auto" else candidates)
     index.add(G)
     _, i, certified = index.search(Q, 10, certify=True)
     assert not certified.any()

@@ -459,27 +459,27 @@ def test_recall_against_exact_search(backend, params, data32, models, request):
     assert (got == 1.0) if backend == "exact" or backend.startswith("milvus") else (0.0 < got <= 1.0)
 
 
+def _clustered(rng, centres, n):
+    d = centres.shape[1]
+    x = centres[rng.integers(len(centres), size=n)] + rng.normal(size=(n, d)) * 0.8 / np.sqrt(d)
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
 @needs_faiss
-@pytest.mark.parametrize("index_type", ["hnsw", "ivf"])
+@pytest.mark.parametrize("index_type,candidates", [("hnsw", "embedding"), ("ivf", "embedding"), ("ivf", "routed")])
 @pytest.mark.parametrize("name", ["softmax", "gmm"])
-def test_embedding_candidates_hold_recall_with_defaults(index_type, name, tmp_path):
-    """Anchor models without a Euclidean embedding search candidates among the embeddings by
-    default; with the default parameters the re-ranked result matches exact search."""
+def test_candidates_hold_recall_with_defaults(index_type, candidates, name, tmp_path):
+    """Anchor models without a Euclidean embedding: embedding candidates, and IVF lists routed by
+    the embeddings (and softmax's anchors), match exact search with the default parameters."""
     rng = np.random.default_rng(3)
-    d = 128
-    centres = rng.normal(size=(200, d))
+    centres = rng.normal(size=(200, 128))
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-
-    def draw(n):
-        x = centres[rng.integers(len(centres), size=n)] + rng.normal(size=(n, d)) * 0.8 / np.sqrt(d)
-        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-
-    A, G, Q = draw(128), draw(4000), draw(100)
+    A, G, Q = (_clustered(rng, centres, n) for n in (128, 4000, 100))
     model = ad.make_model(name, tau=0.05).fit(A)
-    index = Index(model, "faiss", index_type=index_type, candidates="embedding")
-    assert index.params["candidates"] == "embedding"
+    index = Index(model, "faiss", index_type=index_type, candidates=candidates)
+    assert index.params["candidates"] == candidates
     assert Index(model, "faiss", index_type=index_type).params["candidates"] == (
-        "embedding" if index_type == "ivf" else "features")
+        "routed" if index_type == "ivf" else "features")
     index.add(G[:2500]).add(G[2500:])  # two batches
     _, want = Index(model).add(G).search(Q, 10)
     _, got = index.search(Q, 10)
@@ -487,5 +487,135 @@ def test_embedding_candidates_hold_recall_with_defaults(index_type, name, tmp_pa
     assert index.recall(Q, k=10) >= 0.99
     index.save(tmp_path / "e.index")
     loaded = Index.load(tmp_path / "e.index")
-    assert loaded.params["candidates"] == "embedding"
+    assert loaded.params["candidates"] == candidates
     np.testing.assert_array_equal(loaded.search(Q, 10)[1], got)
+
+
+@needs_faiss
+def test_routed_lists_hold_keys_by_cell_and_most_probable_anchor():
+    """Routed softmax IVF: every key sits in its embedding cell and in its most probable anchor's
+    list; a query scans its nprobe cells and anchors, so with nprobe = nlist the search is exact."""
+    rng = np.random.default_rng(4)
+    centres = rng.normal(size=(50, 64))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    A, G, Q = (_clustered(rng, centres, n) for n in (40, 3000, 30))
+    model = ad.make_model("softmax", tau=0.02).fit(A)
+    index = Index(model, "faiss", index_type="ivf", nlist=20, nprobe=20).add(G)
+    backend = index._backend
+    cells = (G @ np.asarray(backend.cells.reconstruct_n(0, 20)).T).argmax(1)
+    anchors = (np.log(model.anchor_logits(torch.from_numpy(G)).softmax(1).double().numpy())).argmax(1)
+    np.testing.assert_array_equal(backend.routes, np.stack([cells, anchors], 1))
+    for ivf, lists in ((backend.index, cells), (backend.by_anchor, anchors)):
+        sizes = np.array([ivf.invlists.list_size(i) for i in range(ivf.nlist)])
+        np.testing.assert_array_equal(sizes, np.bincount(lists, minlength=ivf.nlist))
+    d, i = index.search(Q, 10)
+    d_exact, i_exact = Index(model).add(G).search(Q, 10)
+    np.testing.assert_array_equal(i, i_exact)
+    np.testing.assert_allclose(d, d_exact, rtol=1e-5, atol=1e-5)
+    # one anchor list per query alone still finds keys of that anchor that no probed cell holds
+    one = Index(model, "faiss", index_type="ivf", nlist=20, nprobe=1).add(G)
+    _, i1 = one.search(Q, 10)
+    probed = (Q @ np.asarray(one._backend.cells.reconstruct_n(0, 20)).T).argmax(1)
+    outside = one._backend.routes[np.clip(i1, 0, None), 0] != probed[:, None]
+    assert outside.any() and (one._backend.routes[i1[outside], 1] ==
+                              np.repeat((Q @ A.T).argmax(1)[:, None], 10, 1)[outside]).all()
+
+
+@needs_faiss
+def test_routed_index_deletes_upserts_filters_and_reloads(tmp_path):
+    rng = np.random.default_rng(5)
+    centres = rng.normal(size=(50, 64))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    A, G, Q = (_clustered(rng, centres, n) for n in (40, 3000, 30))
+    model = ad.make_model("softmax", tau=0.05).fit(A)
+    ids = np.arange(3000) * 7
+    index = Index(model, "faiss", index_type="ivf", nlist=20, nprobe=20).add(G, ids=ids)
+    gone = ids[::3]
+    index.delete(gone)
+    index.upsert(G[1:2] * 0 + G[5:6], ids=ids[1:2])  # id 7 now holds key 5's vector
+    keep = np.setdiff1d(ids, gone)
+    ref = Index(model).add(G[np.isin(ids, keep)], ids=ids[np.isin(ids, keep)])
+    ref.upsert(G[5:6], ids=ids[1:2])
+    np.testing.assert_array_equal(index.search(Q, 10)[1], ref.search(Q, 10)[1])
+    even = keep[keep % 2 == 0]
+    got = index.search(Q, 10, filter=even)[1]
+    assert np.isin(got, even).all()
+    np.testing.assert_array_equal(got, ref.search(Q, 10, filter=even)[1])
+    index.save(tmp_path / "r.index")
+    np.testing.assert_array_equal(Index.load(tmp_path / "r.index").search(Q, 10)[1], ref.search(Q, 10)[1])
+    with pytest.raises(ValueError, match="candidates='routed' needs index_type='ivf'"):
+        Index(model, "faiss", index_type="hnsw", candidates="routed")
+
+
+def test_recall_counts_keys_tied_with_the_kth_as_found(data32, models, monkeypatch):
+    """A returned key that ties the exact k-th (a duplicate) counts as found; a farther key does not."""
+    Q32, G32 = data32
+    model = models["softmax"]
+    G = np.concatenate([G32, G32[:50]])  # keys 0…49 repeated at the end: exact ties
+    index = Index(model).add(G)
+    _, top = index.search(Q32, k=5)
+    assert (top < 50).any()
+    D = np.asarray(model.pairwise(Q32, G))
+    duplicates = np.where(top < 50, top + len(G32), top)  # the same keys under their duplicates' ids
+    farthest = np.argsort(D, axis=1, kind="stable")[:, -5:]
+    for ids, want in ((top, 1.0), (duplicates, 1.0), (farthest, 0.0)):
+        monkeypatch.setattr(index, "search", lambda Q, k, ids=ids: (np.take_along_axis(D, ids, 1), ids))
+        assert index.recall(Q32, k=5) == pytest.approx(want)
+
+
+@needs_faiss
+@pytest.mark.parametrize("name", ["softmax", "gaussian"])
+def test_ivf_nprobe_auto_is_the_smallest_reaching_the_recall_target(name, tmp_path):
+    """nprobe="auto": the tuned value reaches AUTO_RECALL on sampled keys (each excluding itself)
+    and the ladder's value below it does not; small adds keep it, adds that grow the collection
+    by half tune again, and it is saved with the index."""
+    from anchordiv.index._index import AUTO_RECALL, AUTO_SAMPLE, NPROBE_LADDER
+
+    rng = np.random.default_rng(6)
+    centres = rng.normal(size=(100, 64))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    A, G, Q = (_clustered(rng, centres, n) for n in (64, 4000, 100))
+    model = ad.make_model(name, tau=0.05).fit(A)
+    index = Index(model, "faiss", index_type="ivf").add(G)
+    backend = index._backend
+    tuned = backend.tuned_nprobe
+    assert index.params["nprobe"] == "auto" and tuned in NPROBE_LADDER and backend.tuned_at == 4000
+    rows = np.sort(np.random.default_rng(0).choice(4000, size=AUTO_SAMPLE, replace=False))
+    _, want = Index(model).add(G).search(G[rows], 10, exclude=rows)
+
+    def sample_recall(nprobe):
+        backend.tuned_nprobe = nprobe
+        _, got = index.search(G[rows], 10, exclude=rows)
+        return np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got.tolist(), want.tolist())])
+
+    assert sample_recall(tuned) >= AUTO_RECALL
+    if tuned > 1:
+        assert sample_recall(NPROBE_LADDER[NPROBE_LADDER.index(tuned) - 1]) < AUTO_RECALL
+    backend.tuned_nprobe = tuned
+    assert index.recall(Q, k=10) >= 0.97
+    index.add(G[:1000] * 0 + G[1000:2000])  # +25 %: kept
+    assert backend.tuned_at == 4000
+    index.add(G[:2000])  # 7,000 ≥ 1.5 × 4,000: tuned again
+    assert backend.tuned_at == 7000 and backend.tuned_nprobe in NPROBE_LADDER
+    index.save(tmp_path / "t.index")
+    loaded = Index.load(tmp_path / "t.index")
+    assert (loaded._backend.tuned_nprobe, loaded._backend.tuned_at) == (backend.tuned_nprobe, 7000)
+    fixed = Index(model, "faiss", index_type="ivf", nprobe=3).add(G)
+    assert fixed._backend.tuned_nprobe is None and fixed._backend.nprobe == 3
+
+
+@needs_faiss
+@pytest.mark.parametrize("name", ["softmax", "gaussian"])
+def test_ivf_defaults_on_a_few_thousand_items_train_without_warnings(name, capfd):
+    """nlist from the size (≤ n/39) and nprobe tuned: no faiss training warning, recall ≥ 0.99."""
+    rng = np.random.default_rng(7)
+    centres = rng.normal(size=(300, 96))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    A, G, Q = (_clustered(rng, centres, n) for n in (64, 3425, 100))
+    model = ad.make_model(name, tau=0.05).fit(A)
+    capfd.readouterr()
+    index = Index(model, "faiss", index_type="ivf").add(G)
+    err = capfd.readouterr().err
+    assert "WARNING" not in err and "please provide" not in err
+    assert index._backend.nlist == 3425 // 39
+    assert index.recall(Q, k=10) >= 0.99

@@ -45,6 +45,9 @@ class Backend:
 
     #: Analytic bound on ‖ψ‖ for unit-norm inputs (set by the owning Index), or None.
     norm_bound: float | None = None
+    #: X ↦ per-anchor logits whose argmax is an item's most probable anchor (set by the owning
+    #: Index for softmax geometries), or None.
+    anchor_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, params: dict, euclidean: bool):
         self.params = self.check_params(params)

@@ -15,11 +15,14 @@ from . import _certify
 from ._layout import VectorLayout
 
 INDEX_TYPES = ("flat", "hnsw", "ivf")
-#: Spaces the faiss index searches for candidates: the geometry's features, or the embeddings.
-CANDIDATE_SPACES = ("auto", "features", "embedding")
+#: Where the faiss index finds candidates: by the geometry's features, by the embeddings, or in
+#: IVF lists chosen by the embeddings (and, for softmax, by the most probable anchor).
+CANDIDATE_SPACES = ("auto", "features", "embedding", "routed")
 #: Training vectors per IVF list gathered from a streamed batch before the lists are trained
 #: (faiss asks for at least 39; k-means samples at most 256).
 TRAIN_PER_LIST = 64
+#: nprobe of an IVF index with nprobe="auto" before it is tuned.
+UNTUNED_NPROBE = 16
 
 
 def import_faiss():
@@ -69,17 +72,25 @@ class FaissBackend(Backend):
     nlist : int, optional
         IVF lists; default ``default_nlist(n)`` = min(⌊4√n⌋, n/39) for the n vectors of the
         first batch (which must hold at least ``nlist`` vectors).
-    nprobe : int
+    nprobe : int or "auto"
         IVF lists visited per query (at most ``nlist``; ``nprobe = nlist`` is exhaustive).
-    candidates : {"auto", "features", "embedding"}
+        ``"auto"`` (default): after each add that grows the collection by half, the smallest
+        nprobe of ``NPROBE_LADDER`` whose recall@10 on a sample of the added keys (as queries,
+        each excluding itself) reaches ``AUTO_RECALL`` (see ``Index``); 16 before the first.
+    candidates : {"auto", "features", "embedding", "routed"}
         Where faiss looks for candidates. ``"features"``: in the layout of the feature maps
         (:mod:`anchordiv.index._layout`), so the stored vectors are the re-ranking features and
         search can be certified. ``"embedding"``: by L2 (cosine, for unit vectors) on the
-        input embeddings, with the key features ψ kept beside the faiss index for re-ranking
-        (the neighbours of an anchor divergence are near in the embedding, which k-means
-        partitions well, while the padded (2d+2)-dimensional feature layout partitions
-        poorly). ``"auto"``: ``"embedding"`` for IVF indexes of anchor models without a
-        Euclidean embedding (softmax, mixture), ``"features"`` otherwise.
+        input embeddings, with the key features ψ kept beside the faiss index for re-ranking.
+        ``"routed"`` (IVF only): the lists are spherical k-means cells of the *embeddings*
+        (which k-means partitions well, while the padded feature layout partitions poorly),
+        and, for softmax, a second set of lists, one per anchor, holds each key under its
+        most probable anchor (keys whose posteriors agree are near in the divergence even
+        when their embeddings are not). A query scans its ``nprobe`` nearest cells and its
+        ``nprobe`` most probable anchors' lists with the exact features, so the shortlist is
+        ordered by the divergence itself; softmax keys are stored twice. ``"auto"``:
+        ``"routed"`` for IVF indexes of anchor models without a Euclidean embedding
+        (softmax, mixture), ``"features"`` otherwise.
     shortlist : int, optional
         Candidates fetched per query and re-ranked exactly; default max(4k, 64).
     norm_margin : float
@@ -90,7 +101,7 @@ class FaissBackend(Backend):
 
     name = "faiss"
     DEFAULTS = {"index_type": "flat", "M": 32, "ef_construction": 200, "ef_search": 128, "nlist": None,
-                "nprobe": 16, "shortlist": None, "candidates": "auto", "norm_margin": 1.25,
+                "nprobe": "auto", "shortlist": None, "candidates": "auto", "norm_margin": 1.25,
                 "memory_budget": DEFAULT_MEMORY_BUDGET}
     CHECKS = {
         "index_type": _index_type,
@@ -99,7 +110,7 @@ class FaissBackend(Backend):
         "ef_construction": lambda v: positive_int(v, "ef_construction"),
         "ef_search": lambda v: positive_int(v, "ef_search"),
         "nlist": lambda v: positive_int(v, "nlist", allow_none=True),
-        "nprobe": lambda v: positive_int(v, "nprobe"),
+        "nprobe": lambda v: v if v == "auto" else positive_int(v, "nprobe"),
         "shortlist": lambda v: positive_int(v, "shortlist", allow_none=True),
         "norm_margin": margin_value,
         "memory_budget": lambda v: positive_int(v, "memory_budget"),
@@ -118,13 +129,115 @@ class FaissBackend(Backend):
         self.features: torch.Tensor | None = None  # ψ of every key (embedding candidates only)
         self._filled = 0  # rows of ``features`` in use
         self._reserved = 0  # rows announced by reserve() before the index exists
+        self.tuned_nprobe: int | None = None  # nprobe="auto": the value tuned on a sample of the keys
+        self.tuned_at = 0  # keys stored when it was tuned
+        self.cells = None  # routed: the k-means centroids of the embeddings, one per IVF list
+        self.by_anchor = None  # routed softmax: IVF lists of the keys by most probable anchor
+        self.routes = np.zeros((0, 2), np.int64)  # routed: per position, (embedding cell, anchor list)
+        if self.routed and self.params["index_type"] != "ivf":
+            raise ValueError(f"candidates='routed' needs index_type='ivf', got {self.params['index_type']!r}; "
+                             "use candidates='features' or 'embedding' for flat and hnsw indexes.")
 
     @property
     def embedding_candidates(self) -> bool:
         """Whether candidates come from the embeddings (ψ kept beside the faiss index)."""
         return self.params["candidates"] == "embedding"
 
+    @property
+    def nprobe(self) -> int:
+        """IVF lists probed per query: the ``nprobe`` parameter, or the tuned value for ``"auto"``."""
+        value = self.params["nprobe"]
+        return min((self.tuned_nprobe or UNTUNED_NPROBE) if value == "auto" else value, self.nlist or 1)
+
+    def needs_tuning(self, n: int) -> bool:
+        """Whether ``nprobe="auto"`` should be tuned again for ``n`` stored keys (first tuning, or
+        the collection grew by half since the last)."""
+        return (self.params["index_type"] == "ivf" and self.params["nprobe"] == "auto" and self.index is not None
+                and (self.tuned_nprobe is None or n >= 1.5 * self.tuned_at))
+
+    @property
+    def routed(self) -> bool:
+        """Whether IVF lists are chosen by the embeddings and anchors (see ``candidates``)."""
+        return self.params["candidates"] == "routed"
+
     # ------------------------------------------------------------ building
+    def _new_routed_index(self, vectors: np.ndarray, embeddings: np.ndarray, batch_rows: int | None):
+        """Empty IVF lists over the key ``vectors``' layout, with cells from spherical k-means of the
+        ``embeddings`` (and, for softmax, one list per anchor in ``self.by_anchor``)."""
+        faiss, n, d = self.faiss, embeddings.shape[0], embeddings.shape[1]
+        nlist = self.nlist or self.params["nlist"] or default_nlist(batch_rows or n)
+        if n < nlist:
+            raise ValueError(
+                f"The IVF index needs at least nlist={nlist} vectors to train on, but the first batch has {n}; "
+                "add a larger first batch or pass a smaller nlist.")
+        kmeans = faiss.Kmeans(d, nlist, niter=20, spherical=True, seed=1234, max_points_per_centroid=TRAIN_PER_LIST)
+        kmeans.train(embeddings)
+        self.cells = faiss.IndexFlatIP(d)
+        self.cells.add(kmeans.centroids)
+        index = self._lists(vectors.shape[1], nlist)
+        index.set_direct_map_type(faiss.DirectMap.Array)  # reconstruct() of shortlisted keys
+        self.nlist = nlist
+        if self.anchor_logits is not None:
+            anchors = int(self.anchor_logits(torch.from_numpy(embeddings[:1])).shape[1])
+            self.by_anchor = self._lists(vectors.shape[1], anchors)
+        return index
+
+    def _lists(self, dim: int, count: int):
+        """``count`` empty inverted lists of ``dim``-vectors, filled and searched with given list numbers
+        (its quantizer is a placeholder: faiss needs one of the vectors' dimension)."""
+        placeholder = self.faiss.IndexFlatL2(dim)
+        placeholder.add(np.zeros((count, dim), np.float32))
+        return self.faiss.IndexIVFFlat(placeholder, dim, count, self.faiss.METRIC_L2)
+
+    def _anchor_lists(self, embeddings: np.ndarray, top: int) -> np.ndarray:
+        """(n, top) int64: each row's ``top`` most probable anchors."""
+        out = np.empty((embeddings.shape[0], top), np.int64)
+        for s in range(0, embeddings.shape[0], 4096):
+            logits = self.anchor_logits(torch.from_numpy(embeddings[s:s + 4096]))
+            out[s:s + 4096] = logits.topk(top, dim=1).indices.cpu().numpy()
+        return out
+
+    def _add_routed(self, vectors: np.ndarray, embeddings: np.ndarray) -> None:
+        """Keys' layout ``vectors`` into the cells of their ``embeddings`` (and their anchors' lists)."""
+        start = self.index.ntotal
+        cells = _as_numpy(getattr(self.cells, "search_numpy", self.cells.search)(embeddings, 1)[1])
+        routes = np.stack([cells[:, 0], np.full(len(cells), -1)], axis=1).astype(np.int64)
+        if self.by_anchor is not None:
+            routes[:, 1] = self._anchor_lists(embeddings, 1)[:, 0]
+        self._fill_routed(self.index, self.by_anchor, vectors, routes, start)
+        self.routes = np.concatenate([self.routes, routes])
+
+    def _fill_routed(self, index, by_anchor, vectors: np.ndarray, routes: np.ndarray, start: int) -> None:
+        """Add ``vectors`` (positions ``start``…) to the given lists of ``index`` and ``by_anchor``."""
+        # faiss.contrib.ivf_tools.add_preassigned drops its reference to the ids array before
+        # add_core reads it; every array handed to faiss is held here
+        n, ptr = len(vectors), self.faiss.swig_ptr
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        cells = np.ascontiguousarray(routes[:, 0], dtype=np.int64)
+        index.add_core(n, ptr(vectors), None, ptr(cells))
+        if by_anchor is not None:
+            anchors = np.ascontiguousarray(routes[:, 1], dtype=np.int64)
+            positions = np.arange(start, start + n, dtype=np.int64)
+            by_anchor.add_core(n, ptr(vectors), ptr(positions), ptr(anchors))
+
+    def _rebuild_routed(self, keep: np.ndarray, layout: VectorLayout | None = None) -> None:
+        """Re-fill the routed lists with the stored keys at positions ``keep`` (re-augmented for a
+        new ``layout``), in their recorded cells and anchor lists."""
+        faiss, old = self.faiss, self.index
+        index, by_anchor = faiss.clone_index(old), None if self.by_anchor is None else faiss.clone_index(self.by_anchor)
+        for ivf in (index, by_anchor):
+            if ivf is not None:
+                ivf.reset()
+        routes = self.routes[keep]
+        for s in range(0, keep.size, 1 << 16):
+            vectors = _as_numpy(old.reconstruct_batch(keep[s:s + (1 << 16)].astype(np.int64)))
+            if layout is not None:
+                vectors = layout.keys(self.layout.unpack(vectors))
+            self._fill_routed(index, by_anchor, vectors, routes[s:s + (1 << 16)], s)
+        self.index, self.by_anchor, self.routes = index, by_anchor, routes
+        if layout is not None:
+            self.layout = layout
+
     def _new_index(self, vectors: np.ndarray, batch_rows: int | None = None):
         """A trained, empty faiss index; IVF lists sized for ``batch_rows`` (default: the vectors)."""
         faiss, p, d = self.faiss, self.params, vectors.shape[1]
@@ -177,8 +290,9 @@ class FaissBackend(Backend):
     def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False,
             raw: torch.Tensor | None = None) -> None:
         self._bounds = None
-        if self.embedding_candidates and raw is None:
-            raise ValueError("candidates='embedding' needs the embeddings of the keys (added through Index.add).")
+        if (self.embedding_candidates or self.routed) and raw is None:
+            raise ValueError(f"candidates={self.params['candidates']!r} needs the embeddings of the keys "
+                             "(added through Index.add).")
         if self.index is None and self.params["index_type"] == "ivf" and self._expected:
             # IVF lists are sized for the whole first batch and trained on enough of it, not on
             # its first streamed block: hold blocks until TRAIN_PER_LIST vectors per list arrived
@@ -192,6 +306,9 @@ class FaissBackend(Backend):
             self._pending = []
         if self.embedding_candidates:
             self._add_with_embeddings(psi, raw)
+            return
+        if self.routed:
+            self._add_keys_routed(psi, raw)
             return
         if self.layout is None:
             layout = VectorLayout.for_keys(self.euclidean, psi, self.params["norm_margin"], self.norm_bound)
@@ -214,6 +331,20 @@ class FaissBackend(Backend):
             index.add(vectors)
             self.layout, self.index = layout, index
 
+    def _add_keys_routed(self, psi: torch.Tensor, raw: torch.Tensor) -> None:
+        embeddings = np.ascontiguousarray(raw.detach().to(torch.float32).cpu().numpy())
+        if self.layout is None:
+            layout = VectorLayout.for_keys(self.euclidean, psi, self.params["norm_margin"], self.norm_bound)
+            vectors = layout.keys(psi)
+            self.index = self._new_routed_index(vectors, embeddings, self._expected)
+            self.layout = layout
+        elif not self.layout.fits(psi):
+            self.layout.check(psi)  # a fixed bound is never raised: such keys are refused
+            layout = VectorLayout.from_state(self.layout.state())  # a larger M: re-augment the stored keys
+            layout.grow(psi)
+            self._rebuild_routed(np.arange(self.index.ntotal), layout)
+        self._add_routed(self.layout.keys(psi), embeddings)
+
     def _add_with_embeddings(self, psi: torch.Tensor, raw: torch.Tensor) -> None:
         """Embeddings into faiss (L2), ψ into ``features`` (re-ranked from there)."""
         vectors = np.ascontiguousarray(raw.detach().to(torch.float32).cpu().numpy())
@@ -227,16 +358,13 @@ class FaissBackend(Backend):
         self._filled += n
 
     def _stored_features(self, cand: np.ndarray) -> torch.Tensor:
-        """ψ of candidate positions (n, s) as float32 (n, s, D); empty slots are zero."""
-        valid = cand >= 0
+        """ψ of candidate positions (n, s) as float32 (n, s, D); empty slots (−1) hold the features
+        of position 0, which re-ranking masks by their position."""
+        flat = np.where(cand >= 0, cand, 0).astype(np.int64).reshape(-1)
         if self.embedding_candidates:
-            out = self.features[torch.from_numpy(np.where(valid, cand, 0).astype(np.int64))]
-            out[torch.from_numpy(~valid)] = 0
-            return out
-        vecs = np.zeros((cand.shape[0], cand.shape[1], self.layout.vector_dim), dtype=np.float32)
-        if valid.any():
-            vecs[valid] = self.index.reconstruct_batch(cand[valid].astype(np.int64))
-        return self.layout.unpack(vecs)
+            return self.features[torch.from_numpy(flat)].view(*cand.shape, -1)
+        vecs = _as_numpy(self.index.reconstruct_batch(flat))
+        return self.layout.unpack(vecs.reshape(*cand.shape, -1))
 
     def delete(self, positions: np.ndarray, ids: np.ndarray, n: int, replaced: bool = False) -> None:
         self._bounds = None
@@ -244,6 +372,9 @@ class FaissBackend(Backend):
         if self.embedding_candidates:  # the key features beside the index move up with it
             self.features = self.features[torch.from_numpy(keep)]
             self._filled = keep.size
+        if self.routed:
+            self._rebuild_routed(keep)
+            return
         if self.params["index_type"] == "flat":  # flat codes are compacted in place, order kept
             self.index.remove_ids(self.faiss.IDSelectorBatch(positions.astype(np.int64)))
             return
@@ -266,7 +397,7 @@ class FaissBackend(Backend):
         if p["index_type"] == "hnsw":
             return faiss.SearchParametersHNSW(efSearch=max(p["ef_search"], s), **sel)
         if p["index_type"] == "ivf":
-            return faiss.SearchParametersIVF(nprobe=min(p["nprobe"], self.nlist), **sel)
+            return faiss.SearchParametersIVF(nprobe=self.nprobe, **sel)
         return faiss.SearchParameters(**sel)
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
@@ -277,24 +408,29 @@ class FaissBackend(Backend):
         With ``certify`` also, per query, whether the result is provably the exact top-k
         (:mod:`anchordiv.index._certify`; never with embedding candidates, which bound nothing)."""
         p, index = self.params, self.index
-        if self.embedding_candidates and queries is None:
-            raise ValueError("candidates='embedding' needs the query embeddings (searched through Index.search).")
+        if (self.embedding_candidates or self.routed) and queries is None:
+            raise ValueError(f"candidates={self.params['candidates']!r} needs the query embeddings "
+                             "(searched through Index.search).")
         s = shortlist_size(p["shortlist"], k, n if allow is None else allow.size)
         params = self._search_parameters(s, allow)
         if p["index_type"] == "ivf":
-            index.nprobe = min(p["nprobe"], self.nlist)
+            index.nprobe = self.nprobe
         # per shortlisted key: its stored vector, faiss' reconstructed copy, the re-ranking copy of ψ
         # and its position and distance
         per_query = s * (phi.shape[1] + 3) * (3 * phi.element_size() + 12)
         out_d, out_p, out_c = [], [], []
         for sl in query_blocks(phi.shape[0], per_query, p["memory_budget"]):
+            embeddings = None if queries is None else np.ascontiguousarray(
+                queries[sl].detach().to(torch.float32).cpu().numpy())
             if self.embedding_candidates:
-                y = np.ascontiguousarray(queries[sl].detach().to(torch.float32).cpu().numpy())
+                y = embeddings
             else:
                 y = self.layout.queries(phi[sl])
             dist = lists = None
             if allow is not None and allow.size <= s:
                 cand = np.broadcast_to(allow, (y.shape[0], allow.size))
+            elif self.routed:
+                dist, cand = self._search_routed(y, embeddings, s, allow)
             elif p["index_type"] == "ivf" and allow is None:  # the lists probed are known, for the certificate
                 list_d, lists = index.quantizer.search(y, index.nprobe)
                 # faiss.contrib.torch_utils (imported e.g. by pytorch-metric-learning) replaces search and
@@ -313,6 +449,37 @@ class FaissBackend(Backend):
         warn_missing(i, "faiss", "Raise nprobe (ivf) or ef_search (hnsw).")
         return (d, i, np.concatenate(out_c)) if certify else (d, i)
 
+    def _search_routed(self, y: np.ndarray, embeddings: np.ndarray, s: int, allow: np.ndarray | None) -> tuple:
+        """(distances, positions) (n, s) of the ``s`` nearest keys in each query's ``nprobe`` nearest
+        embedding cells and its ``nprobe`` most probable anchors' lists."""
+        nprobe = self.nprobe
+        _, cells = getattr(self.cells, "search_numpy", self.cells.search)(embeddings, nprobe)
+        dist, cand = self._scan_lists(self.index, y, s, _as_numpy(cells), allow)
+        if self.by_anchor is None:
+            return dist, cand
+        lists = self._anchor_lists(embeddings, min(nprobe, self.by_anchor.nlist))
+        dist2, cand2 = self._scan_lists(self.by_anchor, y, s, lists, allow)
+        cand, dist = np.concatenate([cand, cand2], axis=1), np.concatenate([dist, dist2], axis=1)
+        order = np.argsort(cand, axis=1, kind="stable")
+        cand, dist = np.take_along_axis(cand, order, 1), np.take_along_axis(dist, order, 1)
+        repeated = np.zeros(cand.shape, bool)
+        repeated[:, 1:] = (cand[:, 1:] == cand[:, :-1]) & (cand[:, 1:] >= 0)  # a key found in both
+        cand[repeated], dist[repeated] = -1, np.inf
+        nearest = np.argpartition(dist, s - 1, axis=1)[:, :s]  # the s nearest of both, by faiss' distances
+        return np.take_along_axis(dist, nearest, 1), np.take_along_axis(cand, nearest, 1)
+
+    def _scan_lists(self, ivf, y: np.ndarray, s: int, lists: np.ndarray, allow: np.ndarray | None) -> tuple:
+        """faiss' scan of the given inverted ``lists`` (n, p) per query, restricted to ``allow``."""
+        faiss = self.faiss
+        n, lists = y.shape[0], np.ascontiguousarray(lists, dtype=np.int64)
+        sel = {} if allow is None else {"sel": faiss.IDSelectorBatch(allow.astype(np.int64))}
+        params = faiss.SearchParametersIVF(nprobe=lists.shape[1], **sel)
+        dist, cand = np.empty((n, s), np.float32), np.empty((n, s), np.int64)
+        x, zeros = np.ascontiguousarray(y, dtype=np.float32), np.zeros(lists.shape, np.float32)
+        ivf.search_preassigned_c(n, faiss.swig_ptr(x), s, faiss.swig_ptr(lists), faiss.swig_ptr(zeros),
+                                 faiss.swig_ptr(dist), faiss.swig_ptr(cand), False, params)
+        return dist, cand
+
     def _certify(self, y: np.ndarray, dist: np.ndarray | None, cand: np.ndarray, lists: np.ndarray | None,
                  kth: torch.Tensor, offsets: torch.Tensor, found: torch.Tensor) -> np.ndarray:
         """Whether each query's re-ranked shortlist is the exact top-k. ``dist`` None: the shortlist
@@ -321,8 +488,8 @@ class FaissBackend(Backend):
         if dist is None:
             return found
         index_type = self.params["index_type"]
-        if self.embedding_candidates or index_type == "hnsw" or (index_type == "ivf" and lists is None):
-            # no bound: embedding candidates and graph searches bound nothing they did not visit,
+        if self.embedding_candidates or self.routed or index_type == "hnsw" or (index_type == "ivf" and lists is None):
+            # no bound: embedding and routed candidates and graph searches bound nothing they did not visit,
             # and an IVF search with a selector does not tell which lists it probed
             return np.zeros(len(y), dtype=bool)
         centroids, radii, key_norm = self._certificate_bounds()
@@ -365,11 +532,26 @@ class FaissBackend(Backend):
     def state(self, n: int) -> dict:
         if self.index is None:
             return {"index": None, "layout": None, "nlist": None, "features": None}
-        raw = self.faiss.serialize_index(self.index)
         features = self.features[:self._filled].clone() if self.embedding_candidates else None
-        return {"index": torch.from_numpy(np.asarray(raw, dtype=np.uint8).copy()),
-                "layout": None if self.layout is None else self.layout.state(), "nlist": self.nlist,
-                "features": features}
+        out = {"index": self._serialize(self.index),
+               "layout": None if self.layout is None else self.layout.state(), "nlist": self.nlist,
+               "features": features, "tuned_nprobe": self.tuned_nprobe, "tuned_at": self.tuned_at}
+        if self.routed:
+            out["routes"] = torch.from_numpy(self.routes.copy())
+            out["cells"] = self._serialize(self.cells)
+            out["anchor_index"] = None if self.by_anchor is None else self._serialize(self.by_anchor)
+        return out
+
+    def _serialize(self, index) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(self.faiss.serialize_index(index), dtype=np.uint8).copy())
+
+    def _deserialize(self, raw, source: str):
+        if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8 or raw.ndim != 1:
+            raise ValueError(f"{source!r} is corrupt: the faiss index data is malformed.")
+        try:
+            return self.faiss.deserialize_index(raw.numpy())
+        except Exception as exc:  # faiss raises RuntimeError with C++ text
+            raise ValueError(f"{source!r} is corrupt: faiss could not read its index ({exc}).") from exc
 
     @classmethod
     def restore(cls, params: dict, euclidean: bool, state: dict, n: int, source: str) -> "FaissBackend":
@@ -384,15 +566,25 @@ class FaissBackend(Backend):
                 raise ValueError(f"{source!r} is corrupt: the key features of its embedding candidates are malformed.")
         elif not isinstance(layout, dict):
             raise ValueError(f"{source!r} is corrupt: the faiss index data is malformed.")
-        if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8:
-            raise ValueError(f"{source!r} is corrupt: the faiss index data is malformed.")
-        try:
-            index = self.faiss.deserialize_index(raw.numpy())
-        except Exception as exc:  # faiss raises RuntimeError with C++ text
-            raise ValueError(f"{source!r} is corrupt: faiss could not read its index ({exc}).") from exc
+        index = self._deserialize(raw, source)
         if index.ntotal != n:
             raise ValueError(f"{source!r} is corrupt: its faiss index holds {index.ntotal} vectors but {n} ids.")
+        if self.routed:
+            routes, by_anchor = state.get("routes"), state.get("anchor_index")
+            if not isinstance(routes, torch.Tensor) or routes.dtype != torch.int64 or tuple(routes.shape) != (n, 2):
+                raise ValueError(f"{source!r} is corrupt: the list assignments of its routed IVF index are malformed.")
+            self.routes = routes.numpy().copy()
+            self.cells = self._deserialize(state.get("cells"), source)
+            if by_anchor is not None:
+                self.by_anchor = self._deserialize(by_anchor, source)
+                if self.by_anchor.ntotal != n:
+                    raise ValueError(f"{source!r} is corrupt: its anchor lists hold {self.by_anchor.ntotal} "
+                                     f"vectors but {n} ids.")
         self.index, self.nlist = index, state.get("nlist")
+        tuned, tuned_at = state.get("tuned_nprobe"), state.get("tuned_at", 0)
+        if not (tuned is None or (isinstance(tuned, int) and tuned > 0)) or not isinstance(tuned_at, int):
+            raise ValueError(f"{source!r} is corrupt: its tuned nprobe is malformed.")
+        self.tuned_nprobe, self.tuned_at = tuned, tuned_at
         self.layout = None if layout is None else VectorLayout.from_state(layout)
         if self.embedding_candidates:
             self.features, self._filled = features.to(torch.float32), n

@@ -21,6 +21,14 @@ from ._storage import FORMAT, VERSION, atomic_save, geometry_from_dict, geometry
 BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (ExactBackend, FaissBackend, MilvusBackend)}
 
 
+#: Relative tolerance under which :meth:`Index.recall` treats two divergences as tied.
+TIE_RTOL = 1e-6
+#: faiss IVF ``nprobe="auto"``: the recall@10 it is tuned to reach, on this many keys of the batch added,
+#: trying these values in turn.
+AUTO_RECALL, AUTO_SAMPLE = 0.99, 200
+NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
 class Index:
     """A gallery of vectors, searched by an anchor divergence (or any geometry).
 
@@ -48,9 +56,10 @@ class Index:
             ``memory_budget`` (bytes of one score block, default 256 MiB).
         faiss
             ``index_type`` ("flat" default, "hnsw", "ivf"), ``M`` (32), ``ef_construction``
-            (200), ``ef_search`` (128), ``nlist`` (default ⌊4√n⌋ of the first batch),
-            ``nprobe`` (16), ``shortlist`` (default max(4k, 64)), ``norm_margin`` (1.25),
-            ``memory_budget``.
+            (200), ``ef_search`` (128), ``nlist`` (default min(⌊4√n⌋, n/39) of the first
+            batch), ``nprobe`` ("auto": tuned after adds to reach recall@10 ≥ 0.99 on sampled
+            keys), ``candidates`` ("auto": routed IVF lists for softmax and mixtures),
+            ``shortlist`` (default max(4k, 64)), ``norm_margin`` (1.25), ``memory_budget``.
         milvus
             ``uri`` (required: "./name.db" for milvus-lite, "http://host:19530" for a
             server), ``token``, ``db_name``, ``collection_name`` ("anchordiv"),
@@ -93,10 +102,10 @@ class Index:
             raise ValueError(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.")
         euclidean = isinstance(model, EuclideanModel)
         if backend == "faiss" and params.get("candidates", "auto") == "auto":
-            # IVF lists of anchor models without a Euclidean embedding: candidates from the embeddings
+            # IVF lists of anchor models without a Euclidean embedding: lists from the embeddings
             ivf = str(params.get("index_type", "flat")).lower() == "ivf"
-            embedding = ivf and isinstance(model, AnchorModel) and not euclidean
-            params = {**params, "candidates": "embedding" if embedding else "features"}
+            routed = ivf and isinstance(model, AnchorModel) and not euclidean
+            params = {**params, "candidates": "routed" if routed else "features"}
         self._setup(model, bool(symmetric), BACKENDS[backend](params, euclidean))
 
     def _setup(self, model: Geometry, symmetric: bool, backend: Backend, ids: np.ndarray | None = None,
@@ -105,6 +114,7 @@ class Index:
         self._symmetric = symmetric
         self._backend = backend
         backend.norm_bound = model.key_norm_bound(symmetric)
+        backend.anchor_logits = getattr(model, "anchor_logits", None)
         self._ids = np.zeros(0, dtype=np.int64) if ids is None else ids
         self._dim = dim
         self._lookup: tuple[np.ndarray, np.ndarray] | None = None
@@ -259,6 +269,27 @@ class Index:
             self._add_keys(self._model._key_terms(g[block], self._symmetric), new[block], upsert,
                            g[block], None if metadata is None else metadata.iloc[block])
         self._dim = int(g.shape[1])
+        if isinstance(self._backend, FaissBackend) and self._backend.needs_tuning(len(self)):
+            self._tune_nprobe(g, new)
+
+    def _tune_nprobe(self, g: torch.Tensor, new: np.ndarray) -> None:
+        """``nprobe="auto"``: the smallest value of ``NPROBE_LADDER`` (at most nlist) whose recall@10 reaches
+        ``AUTO_RECALL`` on ``AUTO_SAMPLE`` keys of the batch ``g`` (ids ``new``) as queries, each
+        excluding itself."""
+        backend, n = self._backend, len(self)
+        k = min(10, n - 1)
+        if k < 1:
+            return
+        rows = np.sort(np.random.default_rng(0).choice(g.shape[0], size=min(AUTO_SAMPLE, g.shape[0]), replace=False))
+        q = g[torch.from_numpy(rows).to(g.device)]
+        ex = self._excluded_positions(new[rows][:, None], len(rows), k, q.device)
+        exact_d, exact_p = self._exact_positions(q, k, ex)
+        for nprobe in NPROBE_LADDER:
+            backend.tuned_nprobe = min(nprobe, backend.nlist)
+            d, p = self._search_block(q, k, ex)[:2]
+            if self._found_share(q, d, p, exact_d, exact_p) >= AUTO_RECALL or nprobe >= backend.nlist:
+                break
+        backend.tuned_at = n
 
     def _add_keys(self, psi: torch.Tensor, new: np.ndarray, upsert: bool = False, raw: Any = None,
                   metadata: Any = None) -> None:
@@ -448,15 +479,37 @@ class Index:
         return restricted_knn(offsets, phi, self._backend.key_blocks(self._ids), k, len(self), ex, allow, budget)
 
     def recall(self, Q: Any, k: int = 10) -> float:
-        """Recall@k of this index on queries ``Q``: the share of the exact top-k (over the stored
-        key features, by :func:`anchordiv.exact.knn`) that :meth:`search` returns, averaged over
-        the queries. 1.0 for the exact backend."""
+        """Recall@k of this index on queries ``Q``: the share of the keys :meth:`search` returns that
+        are in the exact top-k (over the stored key features, by :func:`anchordiv.exact.knn`),
+        averaged over the queries; 1.0 for the exact backend.
+
+        Ties have no order: a returned key whose divergence is at most the exact k-th plus
+        ``TIE_RTOL`` × the query's scale |o(q)| + ‖φ(q)‖·max‖ψ‖ (the size of the terms the
+        divergence is computed from) counts as found, as in ann-benchmarks' distance-based recall.
+        """
         k = positive_int(k, "k")
-        _, got = self.search(Q, k=k)
+        dist, got = self.search(Q, k=k)
         q, _ = self._vectors(Q, "Q")
-        exact = self._ids[self._exact_positions(q, k, None)[1].cpu().numpy()]
-        got = got.cpu().numpy() if isinstance(got, torch.Tensor) else got
-        return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(got.tolist(), exact.tolist())]))
+        exact_d, exact_p = self._exact_positions(q, k, None)
+        got = torch.as_tensor(np.asarray(got.cpu() if isinstance(got, torch.Tensor) else got))
+        known = got >= 0
+        got_p = torch.from_numpy(self._find(got.numpy())[0]).masked_fill(~known, -1)
+        return self._found_share(q, torch.as_tensor(np.asarray(dist.cpu() if isinstance(dist, torch.Tensor) else dist)),
+                                 got_p, exact_d, exact_p)
+
+    def _found_share(self, q: torch.Tensor, dist: torch.Tensor, pos: torch.Tensor, exact_d: torch.Tensor,
+                     exact_p: torch.Tensor) -> float:
+        """Share of the results (distances ``dist``, positions ``pos``; −1 a miss) in the exact top-k
+        (``exact_d``, ``exact_p``) of queries ``q``, a key tied with the exact k-th counting (see :meth:`recall`)."""
+        offsets, phi = self._model._query_terms(q, self._symmetric)
+        key_norm = max((float(b.double().norm(dim=1).max()) for b in self._backend.key_blocks(self._ids)
+                        if b.shape[0]), default=0.0)
+        scale = offsets.double().abs().cpu() + phi.double().norm(dim=1).cpu() * key_norm
+        threshold = exact_d[:, -1].double().cpu() + TIE_RTOL * scale
+        pos, exact_p = pos.cpu(), exact_p.cpu()
+        in_exact = (pos[:, :, None] == exact_p[:, None, :]).any(2)
+        tied = dist.double().cpu() <= threshold[:, None]
+        return float(((in_exact | tied) & (pos >= 0)).double().mean())
 
     def _excluded_positions(self, exclude: Any, n_q: int, k: int, device: torch.device) -> torch.Tensor:
         """Positions (n_q, e) of the ids each query excludes (−1: none); unknown ids are ignored."""

@@ -106,6 +106,13 @@ class Softmax(AnchorModel):
         a, L = self.feature_scale_, self._log_prob_bound()
         return math.sqrt(L ** 2 / a ** 2 + a ** 2 + math.log(self.n_anchors_) ** 2)
 
+    def anchor_logits(self, X: torch.Tensor) -> torch.Tensor:
+        """log w_i + λᵀγ_i/τ for every row λ of ``X`` and anchor i (log P(i | λ) up to a per-row
+        constant; its argmax is the item's most probable anchor), in the dtype of ``X``."""
+        self._check_fitted()
+        X = torch.as_tensor(X).to(self.device)
+        return torch.addmm(self.log_weights_.to(X.dtype), X / self.tau_, self.anchors_.to(X.dtype).T)
+
     # --------------------------------------------------- probability features
     def _log_probs(self, X: torch.Tensor) -> torch.Tensor:
         """log P(i | λ) in float64: log w_i + λᵀγ_i/τ − κ, for every anchor."""
