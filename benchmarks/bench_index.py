@@ -152,7 +152,7 @@ anchors, d = {bl.DIM}, 1,000 centres, noise 0.8/√d (`bench_search.clustered`).
 embeddings (d = 384) of generated scene texts: {cfg['minilm']['Q']:,} queries, 6,000 gallery items, 1,024 anchor
 texts. `ad.Index(model, "faiss", index_type=T)` with every build parameter at its default (HNSW M = 32,
 ef_construction = 200; IVF nlist = min(⌊4√n⌋, n/39)); "defaults" searches with the default search parameters
-(HNSW ef_search = 128, IVF nprobe = "auto", tuned at build to recall@10 ≥ 0.99 on 200 of the keys; shortlist
+(HNSW ef_search = 128, IVF nprobe = "auto", tuned at build to recall@10 ≥ 0.995 on 500 of the keys; shortlist
 max(4k, 64) = 64 re-ranked exactly). Candidates: where faiss
 finds them (`auto` picks `routed` IVF lists for softmax and GMM, see `FaissBackend`). Recall@10 is `index.recall`:
 the share of returned keys in the exact backend's top-10, a key tied with the exact 10th (within 1e-6 of the

@@ -25,7 +25,7 @@ BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (ExactBackend, FaissBac
 TIE_RTOL = 1e-6
 #: faiss IVF ``nprobe="auto"``: the recall@10 it is tuned to reach, on this many keys of the batch added,
 #: trying these values in turn.
-AUTO_RECALL, AUTO_SAMPLE = 0.99, 200
+AUTO_RECALL, AUTO_SAMPLE = 0.995, 500
 NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
@@ -57,7 +57,7 @@ class Index:
         faiss
             ``index_type`` ("flat" default, "hnsw", "ivf"), ``M`` (32), ``ef_construction``
             (200), ``ef_search`` (128), ``nlist`` (default min(⌊4√n⌋, n/39) of the first
-            batch), ``nprobe`` ("auto": tuned after adds to reach recall@10 ≥ 0.99 on sampled
+            batch), ``nprobe`` ("auto": tuned after adds to reach recall@10 ≥ 0.995 on sampled
             keys), ``candidates`` ("auto": routed IVF lists for softmax and mixtures),
             ``shortlist`` (default max(4k, 64)), ``norm_margin`` (1.25), ``memory_budget``.
         milvus
