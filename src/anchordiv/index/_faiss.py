@@ -131,6 +131,7 @@ class FaissBackend(Backend):
         self._reserved = 0  # rows announced by reserve() before the index exists
         self.tuned_nprobe: int | None = None  # nprobe="auto": the value tuned on a sample of the keys
         self.tuned_at = 0  # keys stored when it was tuned
+        self._centroids: torch.Tensor | None = None  # routed: the cells' centroids, for their GEMM
         self.cells = None  # routed: the k-means centroids of the embeddings, one per IVF list
         self.by_anchor = None  # routed softmax: IVF lists of the keys by most probable anchor
         self.routes = np.zeros((0, 2), np.int64)  # routed: per position, (embedding cell, anchor list)
@@ -189,6 +190,16 @@ class FaissBackend(Backend):
         placeholder.add(np.zeros((count, dim), np.float32))
         return self.faiss.IndexIVFFlat(placeholder, dim, count, self.faiss.METRIC_L2)
 
+    def _nearest_cells(self, embeddings: np.ndarray, top: int) -> np.ndarray:
+        """(n, top) int64: each row's ``top`` cells of largest inner product (one GEMM per 4,096 rows)."""
+        if self._centroids is None or self._centroids.shape[0] != self.cells.ntotal:
+            self._centroids = torch.from_numpy(_as_numpy(self.cells.reconstruct_n(0, self.cells.ntotal)).copy())
+        out = np.empty((embeddings.shape[0], top), np.int64)
+        for s in range(0, embeddings.shape[0], 4096):
+            scores = torch.mm(torch.from_numpy(embeddings[s:s + 4096]), self._centroids.T)
+            out[s:s + 4096] = scores.topk(top, dim=1).indices.numpy()
+        return out
+
     def _anchor_lists(self, embeddings: np.ndarray, top: int) -> np.ndarray:
         """(n, top) int64: each row's ``top`` most probable anchors."""
         out = np.empty((embeddings.shape[0], top), np.int64)
@@ -200,7 +211,7 @@ class FaissBackend(Backend):
     def _add_routed(self, vectors: np.ndarray, embeddings: np.ndarray) -> None:
         """Keys' layout ``vectors`` into the cells of their ``embeddings`` (and their anchors' lists)."""
         start = self.index.ntotal
-        cells = _as_numpy(getattr(self.cells, "search_numpy", self.cells.search)(embeddings, 1)[1])
+        cells = self._nearest_cells(embeddings, 1)
         routes = np.stack([cells[:, 0], np.full(len(cells), -1)], axis=1).astype(np.int64)
         if self.by_anchor is not None:
             routes[:, 1] = self._anchor_lists(embeddings, 1)[:, 0]
@@ -357,13 +368,15 @@ class FaissBackend(Backend):
         self.features[self._filled:self._filled + n] = psi.detach().to(torch.float32).cpu()
         self._filled += n
 
-    def _stored_features(self, cand: np.ndarray) -> torch.Tensor:
+    def _stored_features(self, cand: np.ndarray, buffer: np.ndarray | None = None) -> torch.Tensor:
         """ψ of candidate positions (n, s) as float32 (n, s, D); empty slots (−1) hold the features
-        of position 0, which re-ranking masks by their position."""
+        of position 0, which re-ranking masks by their position. Stored vectors are reconstructed
+        into ``buffer`` (at least n·s rows of the stored width) when given."""
         flat = np.where(cand >= 0, cand, 0).astype(np.int64).reshape(-1)
         if self.embedding_candidates:
             return self.features[torch.from_numpy(flat)].view(*cand.shape, -1)
-        vecs = _as_numpy(self.index.reconstruct_batch(flat))
+        out = None if buffer is None else buffer[:flat.size]
+        vecs = _as_numpy(self.index.reconstruct_batch(flat, out) if out is not None else self.index.reconstruct_batch(flat))
         return self.layout.unpack(vecs.reshape(*cand.shape, -1))
 
     def delete(self, positions: np.ndarray, ids: np.ndarray, n: int, replaced: bool = False) -> None:
@@ -419,7 +432,11 @@ class FaissBackend(Backend):
         # and its position and distance
         per_query = s * (phi.shape[1] + 3) * (3 * phi.element_size() + 12)
         out_d, out_p, out_c = [], [], []
-        for sl in query_blocks(phi.shape[0], per_query, p["memory_budget"]):
+        blocks = list(query_blocks(phi.shape[0], per_query, p["memory_budget"]))
+        # one buffer for the reconstructed shortlists of every block (written once, not faulted in per block)
+        buffer = None if self.embedding_candidates else np.empty(
+            ((blocks[0].stop - blocks[0].start) * s, self.layout.vector_dim), np.float32)
+        for sl in blocks:
             embeddings = None if queries is None else np.ascontiguousarray(
                 queries[sl].detach().to(torch.float32).cpu().numpy())
             if self.embedding_candidates:
@@ -438,7 +455,7 @@ class FaissBackend(Backend):
                 dist, cand = getattr(index, "search_preassigned_numpy", index.search_preassigned)(y, s, lists, list_d)
             else:
                 dist, cand = getattr(index, "search_numpy", index.search)(y, s, params=params)
-            psi = self._stored_features(cand).to(phi.device)
+            psi = self._stored_features(cand, buffer).to(phi.device)
             pos = torch.from_numpy(cand.astype(np.int64)).to(phi.device)
             d, i = rerank(offsets[sl], phi[sl], psi, pos, k)
             out_d.append(d)
@@ -453,8 +470,7 @@ class FaissBackend(Backend):
         """(distances, positions) (n, s) of the ``s`` nearest keys in each query's ``nprobe`` nearest
         embedding cells and its ``nprobe`` most probable anchors' lists."""
         nprobe = self.nprobe
-        _, cells = getattr(self.cells, "search_numpy", self.cells.search)(embeddings, nprobe)
-        dist, cand = self._scan_lists(self.index, y, s, _as_numpy(cells), allow)
+        dist, cand = self._scan_lists(self.index, y, s, self._nearest_cells(embeddings, nprobe), allow)
         if self.by_anchor is None:
             return dist, cand
         lists = self._anchor_lists(embeddings, min(nprobe, self.by_anchor.nlist))
