@@ -68,23 +68,10 @@ def index_bytes(index) -> int:
         import faiss
 
         extra = backend.features[:backend._filled] if backend.embedding_candidates else None  # ψ kept beside faiss
-        routed = sum(int(faiss.serialize_index(x).size) for x in (backend.cells, backend.by_anchor) if x is not None)
+        routed = (0 if backend.cells is None else backend.cells.numel() * 4) + (
+            0 if backend.by_anchor is None else int(faiss.serialize_index(backend.by_anchor).size))
         return int(faiss.serialize_index(backend.index).size) + (0 if extra is None else extra.numel() * 4) + routed
     return int(sum(b.numel() * b.element_size() for b in backend.blocks))
-
-
-def interleaved(reference, candidate, repeats: int) -> tuple[float, float, object]:
-    """(min seconds of ``reference()``, min seconds of ``candidate()``, its last result): one warm-up
-    call each, then ``repeats`` alternating calls, so that both see the same machine load."""
-    reference(), candidate()
-    ref, cand, result = [], [], None
-    for _ in range(repeats):
-        for times, fn in ((ref, reference), (cand, candidate)):
-            t0 = time.perf_counter()
-            out = fn()
-            times.append(time.perf_counter() - t0)
-            result = out if fn is candidate else result
-    return min(ref), min(cand), result
 
 
 def evaluate(model, index_type: str, Q, G, truth, exact, repeats: int) -> list[dict]:
@@ -99,7 +86,8 @@ def evaluate(model, index_type: str, Q, G, truth, exact, repeats: int) -> list[d
     for point in points:
         backend = index._backend
         backend.params = backend.check_params({**backend.params, **point})
-        exact_s, search_s, found = interleaved(lambda: exact.search(Q, k=K), lambda: index.search(Q, k=K), repeats)
+        timed = bs.interleaved({"exact": lambda: exact.search(Q, k=K), "index": lambda: index.search(Q, k=K)}, repeats)
+        exact_s, search_s, found = timed["exact"]["seconds"], timed["index"]["seconds"], timed["index"]["result"]
         qps = Q.shape[0] / search_s
         _, _, certified = index.search(Q, k=K, certify=True, fallback=False)
         label = "defaults" if point or index_type != "ivf" else f"defaults (nprobe auto = {backend.nprobe})"
@@ -171,7 +159,7 @@ the share of returned keys in the exact backend's top-10, a key tied with the ex
 query's scale) counting as found; id recall@10 is the plain overlap of ids with the exact top-10, which ties
 (keys at equal divergence, ordered by rounding) lower. Queries/s is |Q| / (the fastest of {cfg['repeats']} calls of `index.search(Q, k=10)` after a
 warm-up, query feature maps included); "vs exact" is the exact backend's fastest call over it, the two
-interleaved call by call. Size: the
+interleaved call by call (`bench_search.interleaved`). Size: the
 serialized faiss index (exact: the stored features). Certified: the share of queries that
 `search(certify=True, fallback=False)` proves exact. {bl.machine()['threads']} torch threads; faiss uses its own
 OpenMP threads. Whole run {bl.fmt_s(time.perf_counter() - started)}.

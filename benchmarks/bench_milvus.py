@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+import bench_search as bs
 import benchlib as bl
 
 K = 10
@@ -65,18 +66,6 @@ def wait_for_index(index) -> float:
         time.sleep(0.5)
 
 
-def interleaved(fns: dict, repeats: int) -> dict:
-    """Minimum seconds of each call of ``fns``, run in turn ``repeats`` times after a warm-up."""
-    out = {name: [] for name in fns}
-    results = {name: fn() for name, fn in fns.items()}  # warm-up
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            results[name] = fn()
-            out[name].append(time.perf_counter() - t0)
-    return {name: (min(t), results[name]) for name, t in out.items()}
-
-
 def search_quality(cfg, log) -> tuple[list, dict]:
     import anchordiv as ad
     from anchordiv.index import Index
@@ -97,14 +86,16 @@ def search_quality(cfg, log) -> tuple[list, dict]:
         for model_name in ("softmax", "gaussian"):
             model = ad.make_model(model_name, **bl.MODEL_PARAMS[model_name]).fit(anchors)
             exact = Index(model).add(G)
-            t, (_, truth) = interleaved({"exact": lambda: exact.search(Q, k=K)}, cfg["repeats"])["exact"]
+            timed = bs.interleaved({"exact": lambda: exact.search(Q, k=K)}, cfg["repeats"])["exact"]
+            t, (_, truth) = timed["seconds"], timed["result"]
             exact_qps = len(Q) / t
             rows.append([model_name, "exact", "—", "—", "1.000", f"{exact_qps:,.0f}", "—", "—"])
             del exact
             t0 = time.perf_counter()
             faiss_index = Index(model, "faiss", index_type="hnsw", **HNSW).add(G)
             faiss_build = time.perf_counter() - t0
-            t, (_, got) = interleaved({"f": lambda: faiss_index.search(Q, k=K)}, cfg["repeats"])["f"]
+            timed = bs.interleaved({"f": lambda: faiss_index.search(Q, k=K)}, cfg["repeats"])["f"]
+            t, (_, got) = timed["seconds"], timed["result"]
             rows.append([model_name, "faiss HNSW", ", ".join(f"{k}={v}" for k, v in HNSW.items()),
                          bl.fmt_s(faiss_build), f"{recall_at_k(got, truth):.3f}", f"{len(Q) / t:,.0f}", "—", "—"])
             del faiss_index
@@ -122,8 +113,8 @@ def search_quality(cfg, log) -> tuple[list, dict]:
                         index._backend.params["consistency_level"] = level
                         return index.search(Q, k=K)
                     fns[level] = search
-                timed = interleaved(fns, cfg["repeats"])
-                for level, (t, (_, got)) in timed.items():
+                for level, timing in bs.interleaved(fns, cfg["repeats"]).items():
+                    t, (_, got) = timing["seconds"], timing["result"]
                     rows.append([model_name, f"Milvus-server {index_type}", ", ".join(f"{k}={v}" for k, v in params.items())
                                  or "—", f"{bl.fmt_s(insert_s)} + {bl.fmt_s(indexing_s)}", f"{recall_at_k(got, truth):.3f}",
                                  f"{len(Q) / t:,.0f}", level, f"{rss / 2**30:.2f}"])

@@ -131,8 +131,7 @@ class FaissBackend(Backend):
         self._reserved = 0  # rows announced by reserve() before the index exists
         self.tuned_nprobe: int | None = None  # nprobe="auto": the value tuned on a sample of the keys
         self.tuned_at = 0  # keys stored when it was tuned
-        self._centroids: torch.Tensor | None = None  # routed: the cells' centroids, for their GEMM
-        self.cells = None  # routed: the k-means centroids of the embeddings, one per IVF list
+        self.cells: torch.Tensor | None = None  # routed: (nlist, d) k-means centroids of the embeddings
         self.by_anchor = None  # routed softmax: IVF lists of the keys by most probable anchor
         self.routes = np.zeros((0, 2), np.int64)  # routed: per position, (embedding cell, anchor list)
         if self.routed and self.params["index_type"] != "ivf":
@@ -173,8 +172,7 @@ class FaissBackend(Backend):
                 "add a larger first batch or pass a smaller nlist.")
         kmeans = faiss.Kmeans(d, nlist, niter=20, spherical=True, seed=1234, max_points_per_centroid=TRAIN_PER_LIST)
         kmeans.train(embeddings)
-        self.cells = faiss.IndexFlatIP(d)
-        self.cells.add(kmeans.centroids)
+        self.cells = torch.from_numpy(np.array(kmeans.centroids, dtype=np.float32))
         index = self._lists(vectors.shape[1], nlist)
         index.set_direct_map_type(faiss.DirectMap.Array)  # reconstruct() of shortlisted keys
         self.nlist = nlist
@@ -190,23 +188,18 @@ class FaissBackend(Backend):
         placeholder.add(np.zeros((count, dim), np.float32))
         return self.faiss.IndexIVFFlat(placeholder, dim, count, self.faiss.METRIC_L2)
 
-    def _nearest_cells(self, embeddings: np.ndarray, top: int) -> np.ndarray:
-        """(n, top) int64: each row's ``top`` cells of largest inner product (one GEMM per 4,096 rows)."""
-        if self._centroids is None or self._centroids.shape[0] != self.cells.ntotal:
-            self._centroids = torch.from_numpy(_as_numpy(self.cells.reconstruct_n(0, self.cells.ntotal)).copy())
+    @staticmethod
+    def _top_lists(embeddings: np.ndarray, top: int, scores: Callable[[torch.Tensor], torch.Tensor]) -> np.ndarray:
+        """(n, top) int64: per row, the columns of the ``top`` largest ``scores`` (4,096 rows at a time):
+        the nearest cells (inner products with their centroids) or the most probable anchors."""
         out = np.empty((embeddings.shape[0], top), np.int64)
         for s in range(0, embeddings.shape[0], 4096):
-            scores = torch.mm(torch.from_numpy(embeddings[s:s + 4096]), self._centroids.T)
-            out[s:s + 4096] = scores.topk(top, dim=1).indices.numpy()
+            out[s:s + 4096] = scores(torch.from_numpy(embeddings[s:s + 4096])).topk(top, dim=1).indices.cpu().numpy()
         return out
 
-    def _anchor_lists(self, embeddings: np.ndarray, top: int) -> np.ndarray:
-        """(n, top) int64: each row's ``top`` most probable anchors."""
-        out = np.empty((embeddings.shape[0], top), np.int64)
-        for s in range(0, embeddings.shape[0], 4096):
-            logits = self.anchor_logits(torch.from_numpy(embeddings[s:s + 4096]))
-            out[s:s + 4096] = logits.topk(top, dim=1).indices.cpu().numpy()
-        return out
+    def _nearest_cells(self, embeddings: np.ndarray, top: int) -> np.ndarray:
+        """(n, top) int64: each row's ``top`` cells of largest inner product."""
+        return self._top_lists(embeddings, top, lambda x: x @ self.cells.T)
 
     def _add_routed(self, vectors: np.ndarray, embeddings: np.ndarray) -> None:
         """Keys' layout ``vectors`` into the cells of their ``embeddings`` (and their anchors' lists)."""
@@ -214,7 +207,7 @@ class FaissBackend(Backend):
         cells = self._nearest_cells(embeddings, 1)
         routes = np.stack([cells[:, 0], np.full(len(cells), -1)], axis=1).astype(np.int64)
         if self.by_anchor is not None:
-            routes[:, 1] = self._anchor_lists(embeddings, 1)[:, 0]
+            routes[:, 1] = self._top_lists(embeddings, 1, self.anchor_logits)[:, 0]
         self._fill_routed(self.index, self.by_anchor, vectors, routes, start)
         self.routes = np.concatenate([self.routes, routes])
 
@@ -473,7 +466,7 @@ class FaissBackend(Backend):
         dist, cand = self._scan_lists(self.index, y, s, self._nearest_cells(embeddings, nprobe), allow)
         if self.by_anchor is None:
             return dist, cand
-        lists = self._anchor_lists(embeddings, min(nprobe, self.by_anchor.nlist))
+        lists = self._top_lists(embeddings, min(nprobe, self.by_anchor.nlist), self.anchor_logits)
         dist2, cand2 = self._scan_lists(self.by_anchor, y, s, lists, allow)
         cand, dist = np.concatenate([cand, cand2], axis=1), np.concatenate([dist, dist2], axis=1)
         order = np.argsort(cand, axis=1, kind="stable")
@@ -554,7 +547,7 @@ class FaissBackend(Backend):
                "features": features, "tuned_nprobe": self.tuned_nprobe, "tuned_at": self.tuned_at}
         if self.routed:
             out["routes"] = torch.from_numpy(self.routes.copy())
-            out["cells"] = self._serialize(self.cells)
+            out["cells"] = self.cells.clone()
             out["anchor_index"] = None if self.by_anchor is None else self._serialize(self.by_anchor)
         return out
 
@@ -590,7 +583,11 @@ class FaissBackend(Backend):
             if not isinstance(routes, torch.Tensor) or routes.dtype != torch.int64 or tuple(routes.shape) != (n, 2):
                 raise ValueError(f"{source!r} is corrupt: the list assignments of its routed IVF index are malformed.")
             self.routes = routes.numpy().copy()
-            self.cells = self._deserialize(state.get("cells"), source)
+            cells = state.get("cells")
+            if (not isinstance(cells, torch.Tensor) or cells.dtype != torch.float32 or cells.ndim != 2
+                    or cells.shape[0] != state.get("nlist")):
+                raise ValueError(f"{source!r} is corrupt: the cell centroids of its routed IVF index are malformed.")
+            self.cells = cells
             if by_anchor is not None:
                 self.by_anchor = self._deserialize(by_anchor, source)
                 if self.by_anchor.ntotal != n:

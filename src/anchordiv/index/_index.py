@@ -284,10 +284,11 @@ class Index:
         q = g[torch.from_numpy(rows).to(g.device)]
         ex = self._excluded_positions(new[rows][:, None], len(rows), k, q.device)
         exact_d, exact_p = self._exact_positions(q, k, ex)
+        threshold = self._tie_threshold(q, exact_d)
         for nprobe in NPROBE_LADDER:
             backend.tuned_nprobe = min(nprobe, backend.nlist)
             d, p = self._search_block(q, k, ex)[:2]
-            if self._found_share(q, d, p, exact_d, exact_p) >= AUTO_RECALL or nprobe >= backend.nlist:
+            if self._found_share(d, p, exact_p, threshold) >= AUTO_RECALL or nprobe >= backend.nlist:
                 break
         backend.tuned_at = n
 
@@ -488,24 +489,25 @@ class Index:
         divergence is computed from) counts as found, as in ann-benchmarks' distance-based recall.
         """
         k = positive_int(k, "k")
-        dist, got = self.search(Q, k=k)
+        dist, got = (torch.as_tensor(np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x)) for x in self.search(Q, k=k))
         q, _ = self._vectors(Q, "Q")
         exact_d, exact_p = self._exact_positions(q, k, None)
-        got = torch.as_tensor(np.asarray(got.cpu() if isinstance(got, torch.Tensor) else got))
-        known = got >= 0
-        got_p = torch.from_numpy(self._find(got.numpy())[0]).masked_fill(~known, -1)
-        return self._found_share(q, torch.as_tensor(np.asarray(dist.cpu() if isinstance(dist, torch.Tensor) else dist)),
-                                 got_p, exact_d, exact_p)
+        got_p = torch.from_numpy(self._find(got.numpy())[0]).masked_fill(got < 0, -1)
+        return self._found_share(dist, got_p, exact_p, self._tie_threshold(q, exact_d))
 
-    def _found_share(self, q: torch.Tensor, dist: torch.Tensor, pos: torch.Tensor, exact_d: torch.Tensor,
-                     exact_p: torch.Tensor) -> float:
-        """Share of the results (distances ``dist``, positions ``pos``; −1 a miss) in the exact top-k
-        (``exact_d``, ``exact_p``) of queries ``q``, a key tied with the exact k-th counting (see :meth:`recall`)."""
+    def _tie_threshold(self, q: torch.Tensor, exact_d: torch.Tensor) -> torch.Tensor:
+        """Per query, the largest divergence tied with its exact k-th: exact_d[:, −1] + ``TIE_RTOL`` ×
+        (|o(q)| + ‖φ(q)‖·max‖ψ‖), in float64 on the CPU."""
         offsets, phi = self._model._query_terms(q, self._symmetric)
         key_norm = max((float(b.double().norm(dim=1).max()) for b in self._backend.key_blocks(self._ids)
                         if b.shape[0]), default=0.0)
         scale = offsets.double().abs().cpu() + phi.double().norm(dim=1).cpu() * key_norm
-        threshold = exact_d[:, -1].double().cpu() + TIE_RTOL * scale
+        return exact_d[:, -1].double().cpu() + TIE_RTOL * scale
+
+    @staticmethod
+    def _found_share(dist: torch.Tensor, pos: torch.Tensor, exact_p: torch.Tensor, threshold: torch.Tensor) -> float:
+        """Share of the results (distances ``dist``, positions ``pos``; −1 a miss) in the exact top-k
+        positions ``exact_p``, a key within the ``threshold`` of :meth:`_tie_threshold` counting as found."""
         pos, exact_p = pos.cpu(), exact_p.cpu()
         in_exact = (pos[:, :, None] == exact_p[:, None, :]).any(2)
         tied = dist.double().cpu() <= threshold[:, None]
