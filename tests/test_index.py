@@ -503,7 +503,7 @@ def test_routed_lists_hold_keys_by_cell_and_most_probable_anchor():
     index = Index(model, "faiss", index_type="ivf", nlist=20, nprobe=20).add(G)
     backend = index._backend
     cells = (G @ backend.cells.numpy().T).argmax(1)
-    anchors = (np.log(model.anchor_logits(torch.from_numpy(G)).softmax(1).double().numpy())).argmax(1)
+    anchors = (G.astype(np.float64) @ A.astype(np.float64).T).argmax(1)  # uniform weights: the nearest anchor
     np.testing.assert_array_equal(backend.routes, np.stack([cells, anchors], 1))
     for ivf, lists in ((backend.index, cells), (backend.by_anchor, anchors)):
         sizes = np.array([ivf.invlists.list_size(i) for i in range(ivf.nlist)])
@@ -619,3 +619,18 @@ def test_ivf_defaults_on_a_few_thousand_items_train_without_warnings(name, capfd
     assert "WARNING" not in err and "please provide" not in err
     assert index._backend.nlist == 3425 // 39
     assert index.recall(Q, k=10) >= 0.99
+
+
+def test_anchor_logits_are_the_log_posterior_up_to_a_row_constant():
+    """Softmax.anchor_logits against a float64 log P(i | x) = log w_i + xᵀγ_i/τ − logsumexp."""
+    rng = np.random.default_rng(8)
+    A, X = rng.normal(size=(30, 16)), rng.normal(size=(12, 16))
+    A /= np.linalg.norm(A, axis=1, keepdims=True)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    w = rng.uniform(0.5, 2.0, size=30)
+    model = ad.Softmax(tau=0.05).fit(ad.AnchorSet(torch.from_numpy(A), weights=torch.from_numpy(w)))
+    logits = np.log(w / w.sum()) + X @ A.T / 0.05
+    want = logits - logits.max(1, keepdims=True) - np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1, keepdims=True))
+    got = model.anchor_logits(torch.from_numpy(X)).numpy()
+    got = got - np.logaddexp.reduce(got, axis=1, keepdims=True)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-10)
