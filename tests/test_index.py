@@ -3,6 +3,7 @@
 import importlib.util
 import os
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -547,6 +548,30 @@ def test_routed_index_deletes_upserts_filters_and_reloads(tmp_path):
         Index(model, "faiss", index_type="hnsw", candidates="routed")
 
 
+@needs_faiss
+@pytest.mark.parametrize("name", ["softmax", "gaussian"])
+def test_routed_scan_distances_are_the_divergences(name, tmp_path):
+    """Routed lists are scanned with the divergence itself (inner products, or L2 for a Euclidean layout):
+    probing every list gives exact search's ids, and distances equal to a float64 brute force."""
+    rng = np.random.default_rng(9)
+    centres = rng.normal(size=(40, 48))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    A, G, Q = (_clustered(rng, centres, n) for n in (50, 2000, 25))
+    model = ad.make_model(name, tau=0.05).fit(A)
+    index = Index(model, "faiss", index_type="ivf", candidates="routed", nlist=16, nprobe=16).add(G)
+    d, ids = index.search(Q, 10)
+    np.testing.assert_array_equal(ids, Index(model).add(G).search(Q, 10)[1])
+    model64 = ad.make_model(name, tau=0.05).fit(A.astype(np.float64))
+    want = np.take_along_axis(np.asarray(model64.pairwise(Q.astype(np.float64), G.astype(np.float64))), ids, 1)
+    np.testing.assert_allclose(d, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    # lists written with the L2 metric (the same stored vectors) are read as divergence scans
+    for ivf in (index._backend.index, index._backend.by_anchor):
+        if ivf is not None:
+            ivf.metric_type = index._backend.faiss.METRIC_L2
+    index.save(tmp_path / "old.index")
+    np.testing.assert_array_equal(Index.load(tmp_path / "old.index").search(Q, 10)[1], ids)
+
+
 def test_recall_counts_keys_tied_with_the_kth_as_found(data32, models, monkeypatch):
     """A returned key that ties the exact k-th (a duplicate) counts as found; a farther key does not."""
     Q32, G32 = data32
@@ -614,7 +639,9 @@ def test_ivf_defaults_on_a_few_thousand_items_train_without_warnings(name, capfd
     A, G, Q = (_clustered(rng, centres, n) for n in (64, 3425, 100))
     model = ad.make_model(name, tau=0.05).fit(A)
     capfd.readouterr()
-    index = Index(model, "faiss", index_type="ivf").add(G)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nor a Python warning (tuning tries too-small nprobe values quietly)
+        index = Index(model, "faiss", index_type="ivf").add(G)
     err = capfd.readouterr().err
     assert "WARNING" not in err and "please provide" not in err
     assert index._backend.nlist == 3425 // 39

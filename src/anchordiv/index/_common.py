@@ -198,6 +198,13 @@ def rerank(offsets: torch.Tensor, phi: torch.Tensor, cand_psi: torch.Tensor, can
     dtype = torch.promote_types(phi.dtype, cand_psi.dtype)
     phi = phi.to(dtype)
     scores = offsets.to(dtype)[:, None] - torch.bmm(cand_psi.to(dtype), phi[:, :, None])[:, :, 0]
+    return best_candidates(scores, cand_pos, k)
+
+
+def best_candidates(scores: torch.Tensor, cand_pos: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k smallest of per-query candidate ``scores`` (n, s) at positions ``cand_pos`` (−1: an
+    empty slot), ties broken by the lower position; missing entries get position −1 and
+    distance +inf."""
     missing = cand_pos < 0
     scores = scores.masked_fill(missing, torch.inf)
     # empty slots sort after every real candidate: give them the largest positions
@@ -223,4 +230,4 @@ def warn_missing(positions: torch.Tensor, backend: str, hint: str) -> None:
 
 __all__ = ["Backend", "DEFAULT_MEMORY_BUDGET", "positive_int", "margin_value", "shortlist_size", "id_array",
            "allowed_blocks", "restricted_knn",
-           "query_blocks", "rerank", "warn_missing"]
+           "query_blocks", "rerank", "best_candidates", "warn_missing"]

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .._util import require
-from ._common import (DEFAULT_MEMORY_BUDGET, Backend, margin_value, positive_int, query_blocks, rerank,
+from ._common import (DEFAULT_MEMORY_BUDGET, Backend, best_candidates, margin_value, positive_int, query_blocks, rerank,
                       shortlist_size, warn_missing)
 from . import _certify
 from ._layout import VectorLayout
@@ -87,12 +87,14 @@ class FaissBackend(Backend):
         and, for softmax, a second set of lists, one per anchor, holds each key under its
         most probable anchor (keys whose posteriors agree are near in the divergence even
         when their embeddings are not). A query scans its ``nprobe`` nearest cells and its
-        ``nprobe`` most probable anchors' lists with the exact features, so the shortlist is
-        ordered by the divergence itself; softmax keys are stored twice. ``"auto"``:
+        ``nprobe`` most probable anchors' lists with the exact features, computing the
+        divergence itself (inner products, or L2 for a Euclidean layout), so nothing is
+        re-ranked; softmax keys are stored twice. ``"auto"``:
         ``"routed"`` for IVF indexes of anchor models without a Euclidean embedding
         (softmax, mixture), ``"features"`` otherwise.
     shortlist : int, optional
-        Candidates fetched per query and re-ranked exactly; default max(4k, 64).
+        Candidates fetched per query and re-ranked exactly (routed: kept from each set of
+        lists); default max(4k, 64).
     norm_margin : float
         M of the augmented layout is this factor times the largest key norm seen.
     memory_budget : int
@@ -183,10 +185,17 @@ class FaissBackend(Backend):
 
     def _lists(self, dim: int, count: int):
         """``count`` empty inverted lists of ``dim``-vectors, filled and searched with given list numbers
-        (its quantizer is a placeholder: faiss needs one of the vectors' dimension)."""
+        (its quantizer is a placeholder: faiss needs one of the vectors' dimension). They are scanned
+        with the divergence itself: L2 for the Euclidean layout, the inner product φᵀψ (the pad
+        coordinate meets the query's 0) for the augmented one."""
         placeholder = self.faiss.IndexFlatL2(dim)
         placeholder.add(np.zeros((count, dim), np.float32))
-        return self.faiss.IndexIVFFlat(placeholder, dim, count, self.faiss.METRIC_L2)
+        return self.faiss.IndexIVFFlat(placeholder, dim, count, self._scan_metric)
+
+    @property
+    def _scan_metric(self) -> int:
+        """faiss metric of the routed lists (see :meth:`_lists`)."""
+        return self.faiss.METRIC_L2 if self.euclidean else self.faiss.METRIC_INNER_PRODUCT
 
     @staticmethod
     def _top_lists(embeddings: np.ndarray, top: int, scores: Callable[[torch.Tensor], torch.Tensor]) -> np.ndarray:
@@ -439,8 +448,16 @@ class FaissBackend(Backend):
             dist = lists = None
             if allow is not None and allow.size <= s:
                 cand = np.broadcast_to(allow, (y.shape[0], allow.size))
-            elif self.routed:
+            elif self.routed:  # the scan's distances are the divergences: no re-ranking
                 dist, cand = self._search_routed(y, embeddings, s, allow)
+                scores = torch.from_numpy(dist).to(phi.device, phi.dtype)
+                d, i = best_candidates(scores if self.euclidean else scores + offsets[sl, None],
+                                       torch.from_numpy(cand).to(phi.device), k)
+                out_d.append(d)
+                out_p.append(i)
+                if certify:  # routed lists bound nothing they did not scan
+                    out_c.append(np.zeros(len(y), dtype=bool))
+                continue
             elif p["index_type"] == "ivf" and allow is None:  # the lists probed are known, for the certificate
                 list_d, lists = index.quantizer.search(y, index.nprobe)
                 # faiss.contrib.torch_utils (imported e.g. by pytorch-metric-learning) replaces search and
@@ -460,8 +477,9 @@ class FaissBackend(Backend):
         return (d, i, np.concatenate(out_c)) if certify else (d, i)
 
     def _search_routed(self, y: np.ndarray, embeddings: np.ndarray, s: int, allow: np.ndarray | None) -> tuple:
-        """(distances, positions) (n, s) of the ``s`` nearest keys in each query's ``nprobe`` nearest
-        embedding cells and its ``nprobe`` most probable anchors' lists."""
+        """(scores, positions) (n, s) of the ``s`` nearest keys in each query's ``nprobe`` nearest
+        embedding cells and its ``nprobe`` most probable anchors' lists; the scores are the divergence
+        (Euclidean layout) or −φᵀψ (augmented), empty slots have position −1."""
         nprobe = self.nprobe
         dist, cand = self._scan_lists(self.index, y, s, self._nearest_cells(embeddings, nprobe), allow)
         if self.by_anchor is None:
@@ -478,7 +496,8 @@ class FaissBackend(Backend):
         return np.take_along_axis(dist, nearest, 1), np.take_along_axis(cand, nearest, 1)
 
     def _scan_lists(self, ivf, y: np.ndarray, s: int, lists: np.ndarray, allow: np.ndarray | None) -> tuple:
-        """faiss' scan of the given inverted ``lists`` (n, p) per query, restricted to ``allow``."""
+        """faiss' scan of the given inverted ``lists`` (n, p) per query, restricted to ``allow``:
+        (scores, positions), scores ascending (inner products negated)."""
         faiss = self.faiss
         n, lists = y.shape[0], np.ascontiguousarray(lists, dtype=np.int64)
         sel = {} if allow is None else {"sel": faiss.IDSelectorBatch(allow.astype(np.int64))}
@@ -487,6 +506,8 @@ class FaissBackend(Backend):
         x, zeros = np.ascontiguousarray(y, dtype=np.float32), np.zeros(lists.shape, np.float32)
         ivf.search_preassigned_c(n, faiss.swig_ptr(x), s, faiss.swig_ptr(lists), faiss.swig_ptr(zeros),
                                  faiss.swig_ptr(dist), faiss.swig_ptr(cand), False, params)
+        if ivf.metric_type == faiss.METRIC_INNER_PRODUCT:
+            np.negative(dist, out=dist)
         return dist, cand
 
     def _certify(self, y: np.ndarray, dist: np.ndarray | None, cand: np.ndarray, lists: np.ndarray | None,
@@ -593,6 +614,9 @@ class FaissBackend(Backend):
                 if self.by_anchor.ntotal != n:
                     raise ValueError(f"{source!r} is corrupt: its anchor lists hold {self.by_anchor.ntotal} "
                                      f"vectors but {n} ids.")
+            for ivf in (index, self.by_anchor):  # lists written with the L2 metric hold the same vectors
+                if ivf is not None:
+                    ivf.metric_type = self._scan_metric
         self.index, self.nlist = index, state.get("nlist")
         tuned, tuned_at = state.get("tuned_nprobe"), state.get("tuned_at", 0)
         if not (tuned is None or (isinstance(tuned, int) and tuned > 0)) or not isinstance(tuned_at, int):

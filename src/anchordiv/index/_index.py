@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -287,7 +288,9 @@ class Index:
         threshold = self._tie_threshold(q, exact_d)
         for nprobe in NPROBE_LADDER:
             backend.tuned_nprobe = min(nprobe, backend.nlist)
-            d, p = self._search_block(q, k, ex)[:2]
+            with warnings.catch_warnings():  # a too-small trial value's short lists are no news to the caller
+                warnings.simplefilter("ignore", RuntimeWarning)
+                d, p = self._search_block(q, k, ex)[:2]
             if self._found_share(d, p, exact_p, threshold) >= AUTO_RECALL or nprobe >= backend.nlist:
                 break
         backend.tuned_at = n
