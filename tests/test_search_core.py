@@ -34,15 +34,46 @@ def tied():
     return offsets, phi, psi, D
 
 
+@pytest.fixture(params=["python", "kernels"])
+def small_result(request, monkeypatch):
+    """Small results resolved in Python (the default), or by the tensor path used for large ones."""
+    if request.param == "kernels":
+        monkeypatch.setattr(S, "SMALL_RESULT", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("budget", [1, 700, 5000, S.DEFAULT_MEMORY_BUDGET])
 @pytest.mark.parametrize("k", [1, 4, 17, 101])
-def test_knn_equals_brute_force_with_ties(tied, budget, k):
+def test_knn_equals_brute_force_with_ties(tied, budget, k, small_result):
     offsets, phi, psi, D = tied
     assert len(np.unique(D)) < D.size / 4  # ties everywhere
     d, i = S.knn(offsets, phi, psi, k, memory_budget=budget)
     ref_d, ref_i = brute_topk(D, k)
     np.testing.assert_array_equal(i.numpy(), ref_i)
     np.testing.assert_array_equal(d.numpy(), ref_d)
+
+
+@pytest.mark.parametrize("n_q", [3, 120])  # results read in Python, and by a comparison kernel
+def test_one_block_knn_orders_float32_ties_by_index(n_q, small_result):
+    """All keys in one block: scores that tie, and distinct scores whose sums o − s round to one
+    float32, both come back ordered by (distance, lower index)."""
+    rng = np.random.default_rng(11)
+    base = rng.uniform(0.2, 0.9, size=40).astype(np.float32)
+    up = np.nextafter(base, np.float32(1))  # scores above the base's whose o − s rounds onto the base's sum
+    # rounding ties before and after their base's column, and exact duplicates at higher columns
+    values = np.concatenate([up[:10], base, base[:10], up[10:20]])
+    psi = torch.from_numpy(values[:, None])
+    phi = torch.from_numpy(rng.choice([0.5, 1.0, 2.0], size=(n_q, 1)).astype(np.float32))
+    offsets = torch.from_numpy(rng.choice([1.0, 8.0, 64.0], size=n_q).astype(np.float32))
+    scores = phi.numpy() * values[None, :]  # float32, exactly what the GEMM gives for one column
+    D = offsets.numpy()[:, None] - scores
+    rounded_together = [len(np.unique(D[r])) < len(np.unique(scores[r])) for r in range(n_q)]
+    assert any(rounded_together) and (np.diff(np.sort(scores, 1), axis=1) == 0).any()
+    for k in (1, 5, 12, 59):
+        d, i = S.knn(offsets, phi, psi, k)
+        order = np.lexsort((np.broadcast_to(np.arange(D.shape[1]), D.shape), D), axis=1)[:, :k]
+        np.testing.assert_array_equal(i.numpy(), order)
+        np.testing.assert_array_equal(d.numpy(), np.take_along_axis(D, order, 1))
 
 
 def test_knn_streams_blocks_and_excludes_pairs(tied):
@@ -59,8 +90,14 @@ def test_knn_streams_blocks_and_excludes_pairs(tied):
     assert not any(int(e) in row for row, ex in zip(i.numpy(), exclude) for e in ex if e >= 0)
 
 
-def test_smallest_k_breaks_ties_by_lower_index():
+def test_smallest_k_breaks_ties_by_lower_index(small_result):
     scores = torch.tensor([[3.0, 1.0, 1.0, 2.0, 1.0, 0.0]])
+    for k, want in ((3, [5, 1, 2]), (2, [5, 1]), (5, [5, 1, 2, 4, 3])):  # column positions, ties at the k-th
+        d, i = S.smallest_k(scores, None, k)
+        assert i.tolist() == [want] and d.tolist() == [scores[0, want].tolist()]
+        d, i = S.largest_k(scores, None, k)
+        want_large = sorted(range(6), key=lambda j: (-float(scores[0, j]), j))[:k]
+        assert i.tolist() == [want_large] and d.tolist() == [scores[0, want_large].tolist()]
     index = torch.tensor([10, 4, 7, 2, 1, 9])
     d, i = S.smallest_k(scores, index, 3)
     assert d.tolist() == [[0.0, 1.0, 1.0]] and i.tolist() == [[9, 1, 4]]
@@ -72,6 +109,7 @@ def test_tied_rows_are_resolved_a_few_at_a_time(tied, monkeypatch):
     """Rows tied at the k-th place are resolved in row chunks of TIE_ROWS_BYTES (one row here):
     the result equals the brute force with the whole batch at once."""
     offsets, phi, psi, D = tied
+    monkeypatch.setattr(S, "SMALL_RESULT", 0)  # the tensor path, which large results take
     whole = S.knn(offsets, phi, psi, 7)
     monkeypatch.setattr(S, "TIE_ROWS_BYTES", 1)
     d, i = S.knn(offsets, phi, psi, 7)

@@ -8,6 +8,7 @@ Tensors are never moved between devices silently.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +83,7 @@ def all_finite(t: torch.Tensor) -> bool:
     non-finite), and the elementwise test only when the sum overflowed or was NaN."""
     if t.numel() == 0:
         return True
-    if bool(torch.isfinite(t.sum())):
+    if math.isfinite(t.sum().item()):
         return True
     return bool(torch.isfinite(t).all())
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
+import numpy as np
 import torch
 
 from ._backend import Kind, positive_int
@@ -45,6 +46,9 @@ FEATURE_TRANSIENT = 5
 GEMM_TRANSIENT = 2
 #: Index of entries that are no result (an empty slot of a shortlist).
 NO_INDEX = torch.iinfo(torch.int64).max
+#: Entries of a result up to which its ties are looked for in Python rather than by a kernel.
+SMALL_RESULT = 512
+_NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
 #: Bytes of the rows whose k-th value is tied that are resolved at once (their scores are copied).
 TIE_ROWS_BYTES = 8 * 2**20
 
@@ -80,6 +84,9 @@ def _select(scores: torch.Tensor, index: torch.Tensor | None, k: int, largest: b
     shared = None if positions or index.ndim != 1 else index
     index = None if positions else index.expand_as(scores)
     top_vals, top_pos = torch.topk(scores, k + 1, dim=1, largest=largest, sorted=True)
+    if positions and _small(scores, top_vals.numel()):
+        vals, cols = _ordered_few(scores, top_vals.numpy(), top_pos.numpy(), k, largest)
+        return torch.from_numpy(vals), torch.from_numpy(cols)
     same = top_vals[:, 1:] == top_vals[:, :-1]  # equal neighbours in the top k + 1
     if not bool(same.any()):  # no tie: top-k's order is the (value, index) order
         return top_vals[:, :k], (top_pos[:, :k] if positions else index.gather(1, top_pos[:, :k]))
@@ -95,6 +102,37 @@ def _select(scores: torch.Tensor, index: torch.Tensor | None, k: int, largest: b
             vals[r], idx[r] = _resolve_ties(scores[r], None if positions else index[r], top_vals[r, k - 1], k,
                                             increasing, largest)
     return vals, idx
+
+
+def _small(scores: torch.Tensor, entries: int) -> bool:
+    """Whether a result of ``entries`` values selected from ``scores`` is small enough to be finished
+    in numpy, whose per-call cost is a fraction of a torch kernel's."""
+    return (entries <= SMALL_RESULT and scores.is_cpu and scores.dtype in _NUMPY_FLOATS
+            and not scores.requires_grad)
+
+
+def _ordered_few(scores: torch.Tensor, vals: np.ndarray, cols: np.ndarray, k: int,
+                 largest: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The k best of each row ordered by (value, column), from the sorted top-(k + 1) ``vals`` at
+    columns ``cols`` (numpy); rows with ties are resolved in Python."""
+    same = vals[:, 1:] == vals[:, :-1]
+    if not same.any():  # no tie: top-k's order is the (value, column) order
+        return vals[:, :k], cols[:, :k]
+    out_v, out_c = vals[:, :k].copy(), cols[:, :k].copy()
+    sign = -1.0 if largest else 1.0  # (sign · value, column) pairs sort in the wanted order
+    for r in np.flatnonzero(same.any(1)).tolist():
+        v, c = vals[r].tolist(), cols[r].tolist()
+        kth = v[k - 1]
+        if v[k] == kth:  # every entry equal to the k-th competes for the last places, lowest column first
+            pairs = [(sign * a, j) for a, j in zip(v, c) if a != kth]  # the strictly better: all in the top k + 1
+            tied = np.flatnonzero(scores[r].numpy() == kth)[:k - len(pairs)].tolist()
+            pairs += [(sign * kth, j) for j in tied]
+        else:
+            pairs = [(sign * a, j) for a, j in zip(v[:k], c[:k])]
+        pairs.sort()
+        out_v[r] = [sign * a for a, _ in pairs]
+        out_c[r] = [j for _, j in pairs]
+    return out_v, out_c
 
 
 def _by_value_then_index(vals: torch.Tensor, idx: torch.Tensor, k: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,10 +334,31 @@ def knn(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[
 
 def _knn_one_block(offsets: torch.Tensor, phi: torch.Tensor, psi: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`knn` when all keys and queries fit in one block: one GEMM, one selection."""
-    psi = psi.to(torch.promote_types(psi.dtype, phi.dtype))
-    offsets, phi = offsets.to(psi.dtype), phi.to(psi.dtype)
-    s, i = largest_k(torch.mm(phi, psi.T), None, k)
+    if psi.dtype != phi.dtype:
+        psi = psi.to(torch.promote_types(psi.dtype, phi.dtype))
+        phi = phi.to(psi.dtype)
+    offsets = offsets.to(phi.dtype)
+    scores = torch.mm(phi, psi.T)
+    if k < scores.shape[1] and _small(scores, scores.shape[0] * (k + 1)):
+        top, pos = torch.topk(scores, k + 1, dim=1, largest=True, sorted=True)
+        return _small_result(offsets.detach().numpy()[:, None], scores, top.numpy(), pos.numpy(), k)
+    s, i = largest_k(scores, None, k)
     return with_offsets(offsets, s.neg_(), i)
+
+
+def _small_result(offsets: np.ndarray, scores: torch.Tensor, top: np.ndarray, cols: np.ndarray,
+                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`with_offsets` of :func:`largest_k` for a small result, in numpy (the same float
+    operations, so the same values)."""
+    d = offsets - top
+    if not (d[:, 1:] == d[:, :-1]).any():  # equal scores give equal sums: no tie anywhere
+        return torch.from_numpy(d[:, :k]), torch.from_numpy(cols[:, :k])
+    top, cols = _ordered_few(scores, top, cols, k, largest=True)
+    d = offsets - top
+    if ((d[:, 1:] == d[:, :-1]) & (cols[:, 1:] < cols[:, :-1])).any():  # sums that rounding tied: by column
+        order = np.lexsort((cols, d))
+        d, cols = np.take_along_axis(d, order, 1), np.take_along_axis(cols, order, 1)
+    return torch.from_numpy(d), torch.from_numpy(cols)
 
 
 def distance_matrix(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor], *,

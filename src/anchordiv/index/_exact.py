@@ -76,9 +76,10 @@ class ExactBackend(Backend):
         """Exact top-k positions; ``exclude`` (n_q, e) holds positions each query must skip, ``allow``
         the sorted positions a search is restricted to (a scan of those rows only). With
         ``certify``, every query is certified."""
-        dtype = torch.promote_types(phi.dtype, self.dtype)
-        d, p = restricted_knn(offsets.to(dtype), phi.to(dtype), self.blocks, k, n, exclude, allow,
-                              self.params["memory_budget"])
+        if phi.dtype != self.dtype:
+            dtype = torch.promote_types(phi.dtype, self.dtype)
+            offsets, phi = offsets.to(dtype), phi.to(dtype)
+        d, p = restricted_knn(offsets, phi, self.blocks, k, n, exclude, allow, self.params["memory_budget"])
         return (d, p, np.ones(len(d), dtype=bool)) if certify else (d, p)
 
     def key_blocks(self, stored_ids: np.ndarray, rows: int = 1 << 16):

@@ -415,16 +415,23 @@ class Index:
         rows = block_shape(1, q.shape[0], width, q.element_size(), 1, budget)[1]
         parts = [self._search_block(q[s:s + rows], k, None if ex is None else ex[s:s + rows], allow, certify)
                  for s in range(0, q.shape[0], rows)]
-        dist, pos = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        dist, pos = (parts[0][0], parts[0][1]) if len(parts) == 1 else (
+            torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
         if certify:
             certified = np.concatenate([p[2] for p in parts])
             if fallback and not certified.all():
                 redo = torch.from_numpy(np.flatnonzero(~certified)).to(q.device)
                 dist[redo], pos[redo] = self._exact_positions(q[redo], k, None if ex is None else ex[redo], allow)
-        pos_np = pos.cpu().numpy()
-        ids = np.where(pos_np >= 0, self._ids[np.clip(pos_np, 0, None)], -1).astype(np.int64)
+        ids = self._ids_at(pos.cpu().numpy())
         out = (kind.out(dist), ids) if kind.is_numpy else (kind.out(dist.to(q.device)), torch.from_numpy(ids).to(q.device))
         return out + (certified,) if certify else out
+
+    def _ids_at(self, positions: np.ndarray) -> np.ndarray:
+        """Ids of stored ``positions`` (−1: no result, which stays −1)."""
+        ids = self._ids[positions]
+        if positions.min() < 0:
+            ids[positions < 0] = -1
+        return ids
 
     def _feature_width(self, X: torch.Tensor) -> int:
         """Width of the feature maps, from one row's key features the first time it is needed."""
