@@ -53,7 +53,7 @@ def test_knn_equals_brute_force_with_ties(tied, budget, k, small_result):
     np.testing.assert_array_equal(d.numpy(), ref_d)
 
 
-@pytest.mark.parametrize("n_q", [3, 120])  # results read in Python, and by a comparison kernel
+@pytest.mark.parametrize("n_q", [3, 120])
 def test_one_block_knn_orders_float32_ties_by_index(n_q, small_result):
     """All keys in one block: scores that tie, and distinct scores whose sums o − s round to one
     float32, both come back ordered by (distance, lower index)."""

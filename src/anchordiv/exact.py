@@ -46,8 +46,8 @@ FEATURE_TRANSIENT = 5
 GEMM_TRANSIENT = 2
 #: Index of entries that are no result (an empty slot of a shortlist).
 NO_INDEX = torch.iinfo(torch.int64).max
-#: Entries of a result up to which its ties are looked for in Python rather than by a kernel.
-SMALL_RESULT = 512
+#: Entries of a top-k up to which it is finished in numpy rather than by torch kernels.
+SMALL_RESULT = 1 << 12
 _NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
 #: Bytes of the rows whose k-th value is tied that are resolved at once (their scores are copied).
 TIE_ROWS_BYTES = 8 * 2**20
@@ -114,24 +114,23 @@ def _small(scores: torch.Tensor, entries: int) -> bool:
 def _ordered_few(scores: torch.Tensor, vals: np.ndarray, cols: np.ndarray, k: int,
                  largest: bool) -> tuple[np.ndarray, np.ndarray]:
     """The k best of each row ordered by (value, column), from the sorted top-(k + 1) ``vals`` at
-    columns ``cols`` (numpy); rows with ties are resolved in Python."""
+    columns ``cols`` (numpy)."""
     same = vals[:, 1:] == vals[:, :-1]
     if not same.any():  # no tie: top-k's order is the (value, column) order
         return vals[:, :k], cols[:, :k]
     out_v, out_c = vals[:, :k].copy(), cols[:, :k].copy()
-    sign = -1.0 if largest else 1.0  # (sign · value, column) pairs sort in the wanted order
-    for r in np.flatnonzero(same.any(1)).tolist():
-        v, c = vals[r].tolist(), cols[r].tolist()
-        kth = v[k - 1]
-        if v[k] == kth:  # every entry equal to the k-th competes for the last places, lowest column first
-            pairs = [(sign * a, j) for a, j in zip(v, c) if a != kth]  # the strictly better: all in the top k + 1
-            tied = np.flatnonzero(scores[r].numpy() == kth)[:k - len(pairs)].tolist()
-            pairs += [(sign * kth, j) for j in tied]
-        else:
-            pairs = [(sign * a, j) for a, j in zip(v[:k], c[:k])]
-        pairs.sort()
-        out_v[r] = [sign * a for a, _ in pairs]
-        out_c[r] = [j for _, j in pairs]
+    for r in np.flatnonzero(same[:, k - 1]).tolist():
+        # the k-th value ties the (k+1)-th: every entry equal to it competes for the last places,
+        # lowest column first; the strictly better entries are all in the top k + 1
+        kth = vals[r, k - 1]
+        better = vals[r] != kth
+        tied = np.flatnonzero(scores[r].numpy() == kth)[:k - int(better.sum())]
+        out_v[r] = np.concatenate([vals[r][better], np.full(tied.size, kth, vals.dtype)])
+        out_c[r] = np.concatenate([cols[r][better], tied])
+    rows = np.flatnonzero(same.any(1))
+    v, c = out_v[rows], out_c[rows]
+    order = np.lexsort((c, -v if largest else v))  # along each row: by value, then by column
+    out_v[rows], out_c[rows] = np.take_along_axis(v, order, 1), np.take_along_axis(c, order, 1)
     return out_v, out_c
 
 
