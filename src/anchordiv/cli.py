@@ -660,7 +660,10 @@ def anchors(file: str, model: str, device: str | None, batch_size: int | None, r
 
 def _diagnose(collection: str, emb: Any, tau: float | None, top: int) -> None:
     """Print each set's coverage of ``collection`` (:meth:`anchordiv.diagnostics.Explanation.coverage`)."""
+    import torch
+
     from .diagnostics import explain
+    from .exact import largest_k
 
     coll = _load_collection(collection)
     t = _default_tau(tau, coll, [emb.tau], None, ["softmax"])
@@ -672,7 +675,8 @@ def _diagnose(collection: str, emb: Any, tau: float | None, top: int) -> None:
             raise click.UsageError(f"set {name!r} has dimension {s.dim} but {collection} has {coll.dim}; embed both "
                                    "with one encoder")
         cov = explain(s, coll.embeddings, t, top=min(top, len(s))).coverage(few=min(top, len(s)))
-        most = [s.texts[i] if s.texts else str(i) for i in cov.top_counts.argsort()[::-1][:2]]
+        counts = torch.as_tensor(cov.top_counts, dtype=torch.float64)[None]
+        most = [s.texts[i] if s.texts else str(i) for i in largest_k(counts, None, min(2, len(s)))[1][0].tolist()]
         rows.append([name, str(len(s)), f"{cov.n_concentrated}/{cov.n_items}", f"{cov.median_effective:.3g}",
                      str(len(cov.never_top)), _shorten("; ".join(map(str, cov.never_top)) or "-", 50),
                      _shorten("; ".join(most), 50)])

@@ -35,6 +35,7 @@ import torch
 
 from ._util import positive_int
 from .anchors import AnchorSet
+from .exact import largest_k
 
 __all__ = ["Explanation", "Coverage", "explain"]
 
@@ -209,7 +210,7 @@ def explain(anchors: Any, X: Any, tau: float, top: int = 5, texts: Sequence[str]
         logp = torch.log_softmax(Xt[start:start + step] @ A.T / tau + lw, dim=1)
         p = logp.exp()
         H.append(-torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(1))
-        vals, idx = torch.topk(logp, k, dim=1)
+        vals, idx = largest_k(logp, None, k)
         top_i.append(idx)
         top_p.append(vals.exp())
         counts += torch.bincount(idx[:, 0], minlength=N)

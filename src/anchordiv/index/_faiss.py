@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from .._util import require
+from ..exact import largest_k
 from ._common import (DEFAULT_MEMORY_BUDGET, Backend, best_candidates, margin_value, positive_int, query_blocks, rerank,
                       shortlist_size, warn_missing)
 from . import _certify
@@ -203,7 +204,7 @@ class FaissBackend(Backend):
         the nearest cells (inner products with their centroids) or the most probable anchors."""
         out = np.empty((embeddings.shape[0], top), np.int64)
         for s in range(0, embeddings.shape[0], 4096):
-            out[s:s + 4096] = scores(torch.from_numpy(embeddings[s:s + 4096])).topk(top, dim=1).indices.cpu().numpy()
+            out[s:s + 4096] = largest_k(scores(torch.from_numpy(embeddings[s:s + 4096])), None, top)[1].cpu().numpy()
         return out
 
     def _nearest_cells(self, embeddings: np.ndarray, top: int) -> np.ndarray:
@@ -477,23 +478,19 @@ class FaissBackend(Backend):
         return (d, i, np.concatenate(out_c)) if certify else (d, i)
 
     def _search_routed(self, y: np.ndarray, embeddings: np.ndarray, s: int, allow: np.ndarray | None) -> tuple:
-        """(scores, positions) (n, s) of the ``s`` nearest keys in each query's ``nprobe`` nearest
-        embedding cells and its ``nprobe`` most probable anchors' lists; the scores are the divergence
-        (Euclidean layout) or −φᵀψ (augmented), empty slots have position −1."""
+        """(scores, positions) of the ``s`` nearest keys in each query's ``nprobe`` nearest embedding
+        cells, and beside them (n, 2s in all) the ``s`` nearest in its ``nprobe`` most probable anchors'
+        lists; the scores are the divergence (Euclidean layout) or −φᵀψ (augmented), and empty slots
+        and keys found twice have position −1."""
         nprobe = self.nprobe
         dist, cand = self._scan_lists(self.index, y, s, self._nearest_cells(embeddings, nprobe), allow)
         if self.by_anchor is None:
             return dist, cand
         lists = self._top_lists(embeddings, min(nprobe, self.by_anchor.nlist), self.anchor_logits)
         dist2, cand2 = self._scan_lists(self.by_anchor, y, s, lists, allow)
-        cand, dist = np.concatenate([cand, cand2], axis=1), np.concatenate([dist, dist2], axis=1)
-        order = np.argsort(cand, axis=1, kind="stable")
-        cand, dist = np.take_along_axis(cand, order, 1), np.take_along_axis(dist, order, 1)
-        repeated = np.zeros(cand.shape, bool)
-        repeated[:, 1:] = (cand[:, 1:] == cand[:, :-1]) & (cand[:, 1:] >= 0)  # a key found in both
-        cand[repeated], dist[repeated] = -1, np.inf
-        nearest = np.argpartition(dist, s - 1, axis=1)[:, :s]  # the s nearest of both, by faiss' distances
-        return np.take_along_axis(dist, nearest, 1), np.take_along_axis(cand, nearest, 1)
+        repeated = (cand2[:, :, None] == cand[:, None, :]).any(2) & (cand2 >= 0)  # a key found in both
+        cand2[repeated], dist2[repeated] = -1, np.inf
+        return np.concatenate([dist, dist2], axis=1), np.concatenate([cand, cand2], axis=1)
 
     def _scan_lists(self, ivf, y: np.ndarray, s: int, lists: np.ndarray, allow: np.ndarray | None) -> tuple:
         """faiss' scan of the given inverted ``lists`` (n, p) per query, restricted to ``allow``:

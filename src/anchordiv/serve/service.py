@@ -29,7 +29,7 @@ from .. import anchorsfile
 from .._util import json_scalar
 from ..anchors import AnchorSet
 from ..models import make_model, model_names, registry
-from ..exact import knn
+from ..exact import knn, largest_k
 from . import validate as v
 from .cache import ByteLRU
 from .validate import FieldError
@@ -497,7 +497,7 @@ class Service:
         E = A.embeddings.to(torch.float64)
         logits = torch.log(A.weights.to(torch.float64)) + E @ torch.from_numpy(q).to(torch.float64) / tau
         p = torch.softmax(logits, 0)
-        mass, idx = torch.topk(p, min(top, len(A)))
+        mass, idx = (t[0] for t in largest_k(p[None], None, min(top, len(A))))
         return [{"anchor": A.texts[i], "set": ctx.anchor_sets[i] if ctx.anchor_sets else None, "mass": float(m)}
                 for m, i in zip(mass.tolist(), idx.tolist())]
 
