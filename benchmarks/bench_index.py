@@ -24,7 +24,8 @@ import benchlib as bl
 
 K = 10
 #: (model name, τ) pairs; τ None for cosine.
-GEOMETRIES = [("softmax", 0.01), ("softmax", 0.05), ("gmm", 0.05), ("gaussian", 0.05), ("cosine", None)]
+GEOMETRIES = [("softmax", 0.01), ("softmax", 0.05), ("gmm", 0.05), ("gaussian", 0.05), ("latent_gaussian", 0.05),
+              ("latent_spherical", 0.05), ("cosine", None)]
 #: index type → (build parameters, search points); {} is the default point.
 INDEXES = {
     "flat": ({}, [{}]),
