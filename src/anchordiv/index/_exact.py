@@ -76,8 +76,8 @@ class ExactBackend(Backend):
         """Exact top-k positions; ``exclude`` (n_q, e) holds positions each query must skip, ``allow``
         the sorted positions a search is restricted to (a scan of those rows only). With
         ``certify``, every query is certified."""
-        if phi.dtype != self.dtype:
-            dtype = torch.promote_types(phi.dtype, self.dtype)
+        dtype = torch.promote_types(phi.dtype, self.dtype)
+        if phi.dtype != dtype or offsets.dtype != dtype:
             offsets, phi = offsets.to(dtype), phi.to(dtype)
         d, p = restricted_knn(offsets, phi, self.blocks, k, n, exclude, allow, self.params["memory_budget"])
         return (d, p, np.ones(len(d), dtype=bool)) if certify else (d, p)

@@ -177,7 +177,7 @@ class FaissBackend(Backend):
         kmeans.train(embeddings)
         self.cells = torch.from_numpy(np.array(kmeans.centroids, dtype=np.float32))
         index = self._lists(vectors.shape[1], nlist)
-        index.set_direct_map_type(faiss.DirectMap.Array)  # reconstruct() of shortlisted keys
+        index.set_direct_map_type(faiss.DirectMap.Array)  # reconstruct() of stored keys (rebuilds, key_blocks)
         self.nlist = nlist
         if self.anchor_logits is not None:
             anchors = int(self.anchor_logits(torch.from_numpy(embeddings[:1])).shape[1])
@@ -436,8 +436,9 @@ class FaissBackend(Backend):
         per_query = s * (phi.shape[1] + 3) * (3 * phi.element_size() + 12)
         out_d, out_p, out_c = [], [], []
         blocks = list(query_blocks(phi.shape[0], per_query, p["memory_budget"]))
-        # one buffer for the reconstructed shortlists of every block (written once, not faulted in per block)
-        buffer = None if self.embedding_candidates else np.empty(
+        # one buffer for the reconstructed shortlists of every block (written once, not faulted in per block);
+        # routed scans re-rank nothing
+        buffer = None if self.embedding_candidates or self.routed else np.empty(
             ((blocks[0].stop - blocks[0].start) * s, self.layout.vector_dim), np.float32)
         for sl in blocks:
             embeddings = None if queries is None else np.ascontiguousarray(
@@ -478,19 +479,23 @@ class FaissBackend(Backend):
         return (d, i, np.concatenate(out_c)) if certify else (d, i)
 
     def _search_routed(self, y: np.ndarray, embeddings: np.ndarray, s: int, allow: np.ndarray | None) -> tuple:
-        """(scores, positions) of the ``s`` nearest keys in each query's ``nprobe`` nearest embedding
-        cells, and beside them (n, 2s in all) the ``s`` nearest in its ``nprobe`` most probable anchors'
-        lists; the scores are the divergence (Euclidean layout) or −φᵀψ (augmented), and empty slots
-        and keys found twice have position −1."""
+        """(scores, positions) (n, s, or 2s with anchor lists) of the ``s`` nearest keys in each query's
+        ``nprobe`` nearest embedding cells and the ``s`` nearest in its ``nprobe`` most probable anchors'
+        lists, in no particular order; the scores are the divergence (Euclidean layout) or −φᵀψ
+        (augmented), and empty slots and second copies of a key found in both have position −1."""
         nprobe = self.nprobe
         dist, cand = self._scan_lists(self.index, y, s, self._nearest_cells(embeddings, nprobe), allow)
         if self.by_anchor is None:
             return dist, cand
         lists = self._top_lists(embeddings, min(nprobe, self.by_anchor.nlist), self.anchor_logits)
         dist2, cand2 = self._scan_lists(self.by_anchor, y, s, lists, allow)
-        repeated = (cand2[:, :, None] == cand[:, None, :]).any(2) & (cand2 >= 0)  # a key found in both
-        cand2[repeated], dist2[repeated] = -1, np.inf
-        return np.concatenate([dist, dist2], axis=1), np.concatenate([cand, cand2], axis=1)
+        cand, dist = np.concatenate([cand, cand2], axis=1), np.concatenate([dist, dist2], axis=1)
+        order = np.argsort(cand, axis=1, kind="stable")  # a key found in both lists sits beside its copy
+        cand, dist = np.take_along_axis(cand, order, 1), np.take_along_axis(dist, order, 1)
+        repeated = np.zeros(cand.shape, bool)
+        repeated[:, 1:] = (cand[:, 1:] == cand[:, :-1]) & (cand[:, 1:] >= 0)
+        cand[repeated], dist[repeated] = -1, np.inf
+        return dist, cand
 
     def _scan_lists(self, ivf, y: np.ndarray, s: int, lists: np.ndarray, allow: np.ndarray | None) -> tuple:
         """faiss' scan of the given inverted ``lists`` (n, p) per query, restricted to ``allow``:
