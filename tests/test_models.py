@@ -285,6 +285,31 @@ def test_float32_agrees_with_float64(name, symmetric, rng):
     assert rel < FLOAT32_TOLERANCE[name], rel
 
 
+def test_float32_calls_convert_a_fitted_map_once_and_follow_its_changes(rng):
+    """float32 inputs use a float32 copy of the float64 fitted map, made once per version of the
+    map: the values of converting on every call, and never stale once the map changes."""
+    from anchordiv._backend import in_dtype
+
+    d = 16
+    anchors, Q = unit_rows(rng, 100, d), unit_rows(rng, 7, d).astype(np.float32)
+    m = ad.Gaussian(tau=TAU).fit(anchors)
+    q = torch.from_numpy(Q)
+    assert m.embedding_map_.dtype == torch.float64
+    copy = in_dtype(m.embedding_map_, torch.float32)
+    assert in_dtype(m.embedding_map_, torch.float32) is copy and torch.equal(copy, m.embedding_map_.float())
+    def expected():  # φ(q) = [2 z, −1], z = q L (float32 GEMM with the map rounded to float32)
+        return torch.cat([2 * (q @ m.embedding_map_.float()), -torch.ones(len(q), 1)], 1)
+    assert torch.equal(m._query_terms(q, True)[1], expected())
+    m.embedding_map_.mul_(2.0)  # an in-place change: a new version of the same tensor
+    assert torch.equal(m._query_terms(q, True)[1], expected())
+    assert in_dtype(m.embedding_map_, torch.float32) is not copy
+    m.fit(unit_rows(rng, 100, d) * -1)  # refitting replaces the tensor
+    assert torch.equal(m._query_terms(q, True)[1], expected())
+    D = m.pairwise(Q, Q[::-1].copy())
+    ref = m.pairwise(Q.astype(np.float64), Q[::-1].astype(np.float64))
+    assert np.abs(D - ref).max() <= FLOAT32_TOLERANCE["gaussian"] * np.abs(ref).max()
+
+
 @pytest.mark.parametrize("name", list(MODEL_PARAMS))
 def test_stable_at_tau_1e_3(name, rng):
     d = 32

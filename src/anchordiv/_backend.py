@@ -9,6 +9,7 @@ Tensors are never moved between devices silently.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +29,10 @@ class Kind:
     dtype: torch.dtype
 
     def out(self, t: torch.Tensor) -> Any:
-        t = t.to(self.dtype)
+        if t.dtype != self.dtype:
+            t = t.to(self.dtype)
         if self.is_numpy:
-            return t.detach().cpu().numpy()
+            return (t.detach() if t.requires_grad else t).cpu().numpy()
         return t
 
 
@@ -42,7 +44,7 @@ def as_tensor(x: Any, name: str, *, ndim: int | None = 2, device: torch.device |
     ``device`` is where numpy input goes; a torch input on another device is an error.
     """
     if isinstance(x, torch.Tensor):
-        t = x.detach()
+        t = x.detach() if x.requires_grad else x
         kind = Kind(False, t.dtype if t.dtype in _COMPUTE_DTYPES else torch.float32)
         if device is not None and t.device != torch.device(device):
             raise ValueError(
@@ -86,6 +88,34 @@ def all_finite(t: torch.Tensor) -> bool:
     if math.isfinite(t.sum().item()):
         return True
     return bool(torch.isfinite(t).all())
+
+
+#: Fitted tensors converted to another dtype, by id of the tensor while it lives (see :func:`in_dtype`).
+_CONVERTED: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def in_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)`` for a long-lived tensor (a fitted parameter): converted once per version
+    of ``t`` and reused, instead of on every call (a d × d map takes longer to convert than to
+    apply to one query)."""
+    if t.dtype == dtype:
+        return t
+    if t.requires_grad or t.is_inference():  # a graph to keep, or no version counter to check
+        return t.to(dtype)
+    key = id(t)
+    entry = _CONVERTED.get(key)
+    if entry is None or entry[0]() is not t:
+        entry = _CONVERTED[key] = (weakref.ref(t, lambda _, key=key: _CONVERTED.pop(key, None)), {})
+    copies = entry[1]
+    hit = copies.get(dtype)
+    if hit is None or hit[0] != t._version:
+        hit = copies[dtype] = (t._version, t.to(dtype))
+    return hit[1]
+
+
+def concat(parts: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """``torch.cat(parts, dim)``, without the copy when there is one part."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
 def check_dim(t: torch.Tensor, dim: int, name: str) -> None:

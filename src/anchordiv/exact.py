@@ -118,20 +118,15 @@ def _ordered_few(scores: torch.Tensor, vals: np.ndarray, cols: np.ndarray, k: in
     same = vals[:, 1:] == vals[:, :-1]
     if not same.any():  # no tie: top-k's order is the (value, column) order
         return vals[:, :k], cols[:, :k]
-    out_v, out_c = vals[:, :k].copy(), cols[:, :k].copy()
+    order = np.lexsort((cols, -vals if largest else vals))  # along each row: by value, then by column
+    vals, cols = np.take_along_axis(vals, order, 1)[:, :k], np.take_along_axis(cols, order, 1)[:, :k]
     for r in np.flatnonzero(same[:, k - 1]).tolist():
         # the k-th value ties the (k+1)-th: every entry equal to it competes for the last places,
-        # lowest column first; the strictly better entries are all in the top k + 1
+        # lowest column first; the strictly better entries come first and are all in the top k
         kth = vals[r, k - 1]
-        better = vals[r] != kth
-        tied = np.flatnonzero(scores[r].numpy() == kth)[:k - int(better.sum())]
-        out_v[r] = np.concatenate([vals[r][better], np.full(tied.size, kth, vals.dtype)])
-        out_c[r] = np.concatenate([cols[r][better], tied])
-    rows = np.flatnonzero(same.any(1))
-    v, c = out_v[rows], out_c[rows]
-    order = np.lexsort((c, -v if largest else v))  # along each row: by value, then by column
-    out_v[rows], out_c[rows] = np.take_along_axis(v, order, 1), np.take_along_axis(c, order, 1)
-    return out_v, out_c
+        better = int((vals[r] != kth).sum())
+        cols[r, better:] = np.flatnonzero(scores[r].numpy() == kth)[:k - better]
+    return vals, cols
 
 
 def _by_value_then_index(vals: torch.Tensor, idx: torch.Tensor, k: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,11 +331,12 @@ def _knn_one_block(offsets: torch.Tensor, phi: torch.Tensor, psi: torch.Tensor, 
     if psi.dtype != phi.dtype:
         psi = psi.to(torch.promote_types(psi.dtype, phi.dtype))
         phi = phi.to(psi.dtype)
-    offsets = offsets.to(phi.dtype)
+    if offsets.dtype != phi.dtype:
+        offsets = offsets.to(phi.dtype)
     scores = torch.mm(phi, psi.T)
-    if k < scores.shape[1] and _small(scores, scores.shape[0] * (k + 1)):
-        top, pos = torch.topk(scores, k + 1, dim=1, largest=True, sorted=True)
-        return _small_result(offsets.detach().numpy()[:, None], scores, top.numpy(), pos.numpy(), k)
+    if k < scores.shape[1] and _small(scores, scores.shape[0] * (k + 1)) and not offsets.requires_grad:
+        top, pos = torch.topk(scores, k + 1)  # the largest, sorted
+        return _small_result(offsets.numpy()[:, None], scores, top.numpy(), pos.numpy(), k)
     s, i = largest_k(scores, None, k)
     return with_offsets(offsets, s.neg_(), i)
 

@@ -413,8 +413,9 @@ class Index:
         budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
         width = self._feature_width(q)
         rows = block_shape(1, q.shape[0], width, q.element_size(), 1, budget)[1]
-        parts = [self._search_block(q[s:s + rows], k, None if ex is None else ex[s:s + rows], allow, certify)
-                 for s in range(0, q.shape[0], rows)]
+        parts = [self._search_block(q, k, ex, allow, certify)] if rows >= q.shape[0] else [
+            self._search_block(q[s:s + rows], k, None if ex is None else ex[s:s + rows], allow, certify)
+            for s in range(0, q.shape[0], rows)]
         dist, pos = (parts[0][0], parts[0][1]) if len(parts) == 1 else (
             torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
         if certify:
@@ -422,7 +423,7 @@ class Index:
             if fallback and not certified.all():
                 redo = torch.from_numpy(np.flatnonzero(~certified)).to(q.device)
                 dist[redo], pos[redo] = self._exact_positions(q[redo], k, None if ex is None else ex[redo], allow)
-        ids = self._ids_at(pos.cpu().numpy())
+        ids = self._ids_at((pos if pos.is_cpu else pos.cpu()).numpy())
         out = (kind.out(dist), ids) if kind.is_numpy else (kind.out(dist.to(q.device)), torch.from_numpy(ids).to(q.device))
         return out + (certified,) if certify else out
 

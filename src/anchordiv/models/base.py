@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._backend import Kind, as_tensor, check_dim, row_chunks
+from .._backend import Kind, as_tensor, check_dim, concat, in_dtype, row_chunks
 from .._progress import progress_bar
 from ..anchors import AnchorSet
 
@@ -156,8 +156,9 @@ class Geometry:
 
     def _chunks(self, n: int, desc: str):
         chunks = list(row_chunks(n, self.batch_size))
-        show = len(chunks) > 1 and n * self._flops_per_row() > PROGRESS_FLOPS
-        return progress_bar(chunks, show=show, desc=desc)
+        if len(chunks) == 1 or n * self._flops_per_row() <= PROGRESS_FLOPS:
+            return chunks  # no bar (opening even a hidden one costs more than a small batch's features)
+        return progress_bar(chunks, show=True, desc=desc)
 
     # ------------------------------------------------------------ public API
     def query_features(self, Q: Any, symmetric: bool = True) -> Any:
@@ -353,8 +354,7 @@ class AnchorModel(Geometry):
                 g = self._grad(eta)
             etas.append(eta)
             grads.append(g)
-        cat = torch.cat
-        return cat(etas), (cat(cgfs) if need_cgf else None), cat(grads)
+        return concat(etas), (concat(cgfs) if need_cgf else None), concat(grads)
 
     def _grad_norm_bound(self) -> float | None:
         """A bound on ‖∇κ(η(λ))‖ for ‖λ‖ ≤ :data:`INPUT_NORM`, or None (then no analytic M)."""
@@ -371,7 +371,7 @@ class AnchorModel(Geometry):
 
     def _centred(self, eta: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(τη − c, ∇κ − c) with c = ``center_``: O(1) vectors for unit-norm inputs."""
-        c = self.center_.to(g.dtype)
+        c = in_dtype(self.center_, g.dtype)
         return self.tau_ * eta - c, g - c
 
     def _query_terms(self, Q: torch.Tensor, symmetric: bool):
@@ -398,7 +398,7 @@ class AnchorModel(Geometry):
     def natural_params(self, X: Any) -> Any:
         """η(λ): λ/τ for ambient models, the latent map of App. B for latent models."""
         t, kind = self._input(X, "X")
-        return kind.out(torch.cat([self._natural_params(t[sl]) for sl in row_chunks(t.shape[0], self.batch_size)]))
+        return kind.out(concat([self._natural_params(t[sl]) for sl in row_chunks(t.shape[0], self.batch_size)]))
 
     def _eta_input(self, eta: Any) -> tuple[torch.Tensor, Kind]:
         self._check_fitted()
@@ -409,12 +409,12 @@ class AnchorModel(Geometry):
     def cgf(self, eta: Any) -> Any:
         """κ(η), the cumulant generating function of the fitted anchor distribution."""
         t, kind = self._eta_input(eta)
-        return kind.out(torch.cat([self._cgf_and_grad(t[sl])[0] for sl in row_chunks(t.shape[0], self.batch_size)]))
+        return kind.out(concat([self._cgf_and_grad(t[sl])[0] for sl in row_chunks(t.shape[0], self.batch_size)]))
 
     def grad_cgf(self, eta: Any) -> Any:
         """∇κ(η), the mean of the exponentially tilted anchor distribution."""
         t, kind = self._eta_input(eta)
-        return kind.out(torch.cat([self._grad(t[sl]) for sl in row_chunks(t.shape[0], self.batch_size)]))
+        return kind.out(concat([self._grad(t[sl]) for sl in row_chunks(t.shape[0], self.batch_size)]))
 
 
 class EuclideanModel(AnchorModel):
@@ -435,12 +435,12 @@ class EuclideanModel(AnchorModel):
     def euclidean_embedding(self, X: Any) -> Any:
         """z(λ) such that d(λ1‖λ2) = ‖z(λ1) − z(λ2)‖²."""
         t, kind = self._input(X, "X")
-        return kind.out(torch.cat([self._embed(t[sl]) for sl in row_chunks(t.shape[0], self.batch_size)]))
+        return kind.out(concat([self._embed(t[sl]) for sl in row_chunks(t.shape[0], self.batch_size)]))
 
     def _query_terms(self, Q: torch.Tensor, symmetric: bool):
-        z = torch.cat([self._embed(Q[sl]) for sl in self._chunks(Q.shape[0], "embedding")])
+        z = concat([self._embed(Q[sl]) for sl in self._chunks(Q.shape[0], "embedding")])
         return (z * z).sum(1), torch.cat([2 * z, -torch.ones_like(z[:, :1])], dim=1)
 
     def _key_terms(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
-        z = torch.cat([self._embed(G[sl]) for sl in self._chunks(G.shape[0], "embedding")])
+        z = concat([self._embed(G[sl]) for sl in self._chunks(G.shape[0], "embedding")])
         return torch.cat([z, (z * z).sum(1, keepdim=True)], dim=1)

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from .._backend import in_dtype
 from ..anchors import AnchorSet
 from ..linalg import symmetric_eigh, weighted_mean_cov
 from .base import EuclideanModel
@@ -122,11 +123,11 @@ class Gaussian(PosteriorMixin, EuclideanModel):
         return 2.0 * self.dim_ ** 2
 
     def _grad(self, eta: torch.Tensor) -> torch.Tensor:
-        return self.mean_.to(eta.dtype) + eta @ self.covariance_.to(eta.dtype)
+        return in_dtype(self.mean_, eta.dtype) + eta @ in_dtype(self.covariance_, eta.dtype)
 
     def _cgf_and_grad(self, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean = self.mean_.to(eta.dtype)
-        s_eta = eta @ self.covariance_.to(eta.dtype)
+        mean = in_dtype(self.mean_, eta.dtype)
+        s_eta = eta @ in_dtype(self.covariance_, eta.dtype)
         return eta @ mean + 0.5 * (eta * s_eta).sum(1), mean + s_eta
 
     def _set_moments(self, mean: torch.Tensor, covariance: torch.Tensor) -> None:
@@ -137,4 +138,4 @@ class Gaussian(PosteriorMixin, EuclideanModel):
         self.embedding_map_ = self.covariance_sqrt_ / (self.tau_ * math.sqrt(2))
 
     def _embed(self, X: torch.Tensor) -> torch.Tensor:
-        return X @ self.embedding_map_.to(X.dtype)
+        return X @ in_dtype(self.embedding_map_, X.dtype)

@@ -10,6 +10,7 @@ import torch
 
 import math
 
+from .._backend import in_dtype
 from ..anchors import AnchorSet
 from ..special import bessel_ratio, log_vmf_normalizer
 from ..linalg import symmetric_eigh, weighted_mean_cov
@@ -101,7 +102,7 @@ class _LatentSubspace(PosteriorMixin, EuclideanModel):
         return 2.0 * self.dim_ * self.n_components_
 
     def _project(self, X: torch.Tensor) -> torch.Tensor:
-        return X @ self.components_.to(X.dtype).T
+        return X @ in_dtype(self.components_, X.dtype).T
 
 
 class LatentGaussian(_LatentSubspace):

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .._backend import positive_int
+from .._backend import in_dtype, positive_int
 from ..anchors import AnchorSet
 from .base import AnchorModel
 from .posterior import (NormalInverseWishart, PosteriorMixin, check_positive, dirichlet_update, niw_hyperparameters,
@@ -237,9 +237,9 @@ class GaussianMixture(PosteriorMixin, AnchorModel):
         return float((self.means_.to(torch.float64).norm(dim=1) + spectral * self.INPUT_NORM / self.tau_).max())
 
     def _cgf_and_grad(self, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        means = self.means_.to(eta.dtype)
-        s_eta = torch.einsum("bd,mde->bme", eta, self.covariances_.to(eta.dtype))
-        logits = self.log_weights_.to(eta.dtype) + eta @ means.T + 0.5 * (s_eta * eta[:, None, :]).sum(-1)
+        means = in_dtype(self.means_, eta.dtype)
+        s_eta = torch.einsum("bd,mde->bme", eta, in_dtype(self.covariances_, eta.dtype))
+        logits = in_dtype(self.log_weights_, eta.dtype) + eta @ means.T + 0.5 * (s_eta * eta[:, None, :]).sum(-1)
         cgf = torch.logsumexp(logits, dim=1)
         resp = torch.exp(logits - cgf[:, None])
         return cgf, resp @ means + (resp[:, :, None] * s_eta).sum(1)

@@ -7,6 +7,7 @@ import warnings
 
 import torch
 
+from .._backend import concat, in_dtype
 from ..anchors import AnchorSet
 from .base import AnchorModel
 
@@ -111,12 +112,12 @@ class Softmax(AnchorModel):
         constant; its argmax is the item's most probable anchor), in the dtype of ``X``."""
         self._check_fitted()
         X = torch.as_tensor(X).to(self.device)
-        return torch.addmm(self.log_weights_.to(X.dtype), X / self.tau_, self.anchors_.to(X.dtype).T)
+        return torch.addmm(in_dtype(self.log_weights_, X.dtype), X / self.tau_, in_dtype(self.anchors_, X.dtype).T)
 
     # --------------------------------------------------- probability features
     def _log_probs(self, X: torch.Tensor) -> torch.Tensor:
         """log P(i | λ) in float64: log w_i + λᵀγ_i/τ − κ, for every anchor."""
-        logits = torch.cat([torch.addmm(self.log_weights_.to(torch.float64), x.to(torch.float64) / self.tau_,
+        logits = concat([torch.addmm(self.log_weights_.to(torch.float64), x.to(torch.float64) / self.tau_,
                                         self.anchors_.to(torch.float64).T)
                             for x in (X[sl] for sl in self._chunks(X.shape[0], "softmax"))])
         return logits - torch.logsumexp(logits, dim=1, keepdim=True)
@@ -156,7 +157,7 @@ class Softmax(AnchorModel):
         # On accelerators ∇κ alone is one fused attention call; on CPU the chunked
         # log-sum-exp below is as fast (measured) and also bounds memory.
         if eta.device.type != "cpu" and eta.dtype in ATTENTION_DTYPES:
-            return attention_grad(eta, self.anchors_, self.log_weights_.to(eta.dtype), self._uniform)
+            return attention_grad(eta, self.anchors_, in_dtype(self.log_weights_, eta.dtype), self._uniform)
         return self._cgf_and_grad(eta)[1]
 
     def _cgf_and_grad(self, eta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,7 +170,7 @@ class Softmax(AnchorModel):
         step = min(max(1, int(self.anchor_batch_size)), n_anchors)
         rows = min(ROW_BLOCK, n)
         uniform = getattr(self, "_uniform", False)
-        log_w = self.log_weights_.to(eta.dtype)
+        log_w = in_dtype(self.log_weights_, eta.dtype)
         buf = eta.new_empty(rows * step)
         run_max, total, acc = eta.new_empty(n), eta.new_empty(n), eta.new_empty(n, d)
         for start in range(0, n_anchors, step):
