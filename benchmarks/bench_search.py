@@ -374,6 +374,55 @@ def bench_e2e(rec: Recorder, cfg: dict, anchors: torch.Tensor) -> None:
                 note="end to end: φ(Q) and ψ(G) included on both sides")
 
 
+#: Repetitions of each call in the fixed-cost table (fastest single call kept).
+FIXED_REPEATS = 300
+
+
+def bench_fixed_cost(models: dict, Q: torch.Tensor, G: torch.Tensor, Qs: list[int]) -> list[dict]:
+    """Where a short call's time goes: raw GEMM + top-k, the least an exact (value, index) order
+    needs on top of it, knn, Index.search, and one numpy operation after a GEMM (its cold cost)."""
+    from anchordiv.exact import knn
+    from anchordiv.index import Index
+
+    out = []
+    for name, model in models.items():
+        psi = model.key_features(G).contiguous()
+        index = Index(model, backend="exact").add(G)
+        for n_q in Qs:
+            q = Q[:n_q].contiguous()
+            o, f = model._query_terms(q, True)
+            on = o.numpy()[:, None]
+
+            def floor():  # top-(k + 1), distances and one adjacent-tie test: an exact order's minimum
+                top, pos = torch.topk(torch.mm(f, psi.T), K + 1)
+                d = on - top.numpy()
+                tied = bool((d[:, 1:] == d[:, :-1]).any())
+                return torch.from_numpy(d[:, :K]), torch.from_numpy(pos.numpy()[:, :K]), tied
+
+            fns = {"raw": lambda: torch.topk(f @ psi.T, K), "floor": floor, "knn": lambda: knn(o, f, psi, K),
+                   "raw with φ(Q)": lambda: torch.topk(model._query_terms(q, True)[1] @ psi.T, K),
+                   "Index.search": lambda: index.search(q, k=K),
+                   "GEMM": lambda: torch.mm(f, psi.T), "GEMM + one numpy op": lambda: (torch.mm(f, psi.T), on + on)}
+            res = interleaved(fns, FIXED_REPEATS)
+            us = {n: 1e6 * r["seconds"] for n, r in res.items()}
+            out.append({"model": name, "Q": n_q, "G": G.shape[0], "D": f.shape[1], "us": us,
+                        "floor_ratio": us["raw"] / us["floor"], "knn_ratio": us["raw"] / us["knn"],
+                        "index_ratio": us["raw with φ(Q)"] / us["Index.search"],
+                        "numpy_op_us": us["GEMM + one numpy op"] - us["GEMM"]})
+        del psi, index
+        gc.collect()
+    return out
+
+
+def fixed_cost_table(rows: list[dict]) -> str:
+    return bl.table(
+        ["model", "|Q|", "|G|", "raw µs", "floor µs (raw/floor)", "knn µs (raw/knn)", "raw with φ(Q) µs",
+         "Index.search µs (raw/ours)", "one numpy op after the GEMM, µs"],
+        [[r["model"], r["Q"], f"{r['G']:,}", f"{r['us']['raw']:.0f}", f"{r['us']['floor']:.0f} ({r['floor_ratio']:.2f})",
+          f"{r['us']['knn']:.0f} ({r['knn_ratio']:.2f})", f"{r['us']['raw with φ(Q)']:.0f}",
+          f"{r['us']['Index.search']:.0f} ({r['index_ratio']:.2f})", f"{r['numpy_op_us']:.1f}"] for r in rows])
+
+
 def run(quick: bool = False, log=print) -> dict:
     cfg = QUICK if quick else FULL
     start = time.perf_counter()
@@ -414,6 +463,7 @@ def run(quick: bool = False, log=print) -> dict:
     text_models = {"cosine": ad.Cosine(), "softmax": ad.Softmax(tau=SENTENCE_TRANSFORMERS_TAU).fit(At),
                    "gaussian": ad.Gaussian(tau=SENTENCE_TRANSFORMERS_TAU).fit(At)}
     bench_features(rec, "minilm", text_models, Qt, Gt, m["Qs"])
+    fixed = bench_fixed_cost(text_models, Qt, Gt, [1, 10])
     timings["minilm"] = time.perf_counter() - t0
     wall = time.perf_counter() - start
     load_after = os.getloadavg()
@@ -457,6 +507,18 @@ Wall time {wall:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in timings.items())
 load average {load_before[0]:.1f} at the start and {load_after[0]:.1f} at the end on {os.cpu_count()} CPUs, so single
 rows (above all those with 1–2 repetitions) can be off by tens of percent; compare rows of one kind.
 {source_note(source_before, source_after)}
+
+### Where a short call's time goes (minilm, |G| = {Gt.shape[0]:,})
+
+Each call timed {FIXED_REPEATS} times, all interleaved, fastest single call kept. **floor**: `torch.topk(φ @ ψ.T, k + 1)`,
+d = o − top in numpy, one test for equal neighbours: the least that returning ties in (distance, index) order adds
+to **raw** (`torch.topk(φ @ ψ.T, k)`). **knn** also checks its inputs' shapes and dtypes and orders any ties;
+**Index.search** also validates Q (shape, finite), computes φ(Q), and maps positions to ids and to numpy (against
+**raw with φ(Q)**). The last column is the time one small numpy subtraction adds right after the GEMM: the GEMM
+streams {Gt.shape[0] * 4 * 384 / 2**20:.0f}+ MiB of keys through the 2 MiB L2 caches, so the interpreter and every
+later operation start cold.
+
+{fixed_cost_table(fixed)}
 """
     targets = []
     groups = [("knn on precomputed features", lambda r: r["case"].startswith("knn ") and "stream" not in r["case"]),
@@ -478,7 +540,7 @@ rows (above all those with 1–2 repetitions) can be off by tens of percent; com
                 for r in sorted(misses, key=lambda r: r["ratio"])[:4]) if misses else "")))
     text = bl.write_result("search", "Exact search against raw torch GEMM + topk", md,
                            {"config": cfg, "cluster_radius": radius, "rows": rec.rows, "timings_s": timings,
-                            "stream": stream_info, "wall_s": wall, "loadavg": [load_before, load_after],
+                            "stream": stream_info, "fixed_cost": fixed, "wall_s": wall, "loadavg": [load_before, load_after],
                             "source": {"before": source_before, "after": source_after}}, targets)
     return {"markdown": text, "targets": targets}
 

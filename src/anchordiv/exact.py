@@ -85,8 +85,7 @@ def _select(scores: torch.Tensor, index: torch.Tensor | None, k: int, largest: b
     index = None if positions else index.expand_as(scores)
     top_vals, top_pos = torch.topk(scores, k + 1, dim=1, largest=largest, sorted=True)
     if positions and _small(scores, top_vals.numel()):
-        vals, cols = _ordered_few(scores, top_vals.numpy(), top_pos.numpy(), k, largest)
-        return torch.from_numpy(vals), torch.from_numpy(cols)
+        return _order_small(scores, top_vals.numpy(), top_pos.numpy(), k, largest)
     same = top_vals[:, 1:] == top_vals[:, :-1]  # equal neighbours in the top k + 1
     if not bool(same.any()):  # no tie: top-k's order is the (value, index) order
         return top_vals[:, :k], (top_pos[:, :k] if positions else index.gather(1, top_pos[:, :k]))
@@ -111,22 +110,28 @@ def _small(scores: torch.Tensor, entries: int) -> bool:
             and not scores.requires_grad)
 
 
-def _ordered_few(scores: torch.Tensor, vals: np.ndarray, cols: np.ndarray, k: int,
-                 largest: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The k best of each row ordered by (value, column), from the sorted top-(k + 1) ``vals`` at
-    columns ``cols`` (numpy)."""
-    same = vals[:, 1:] == vals[:, :-1]
-    if not same.any():  # no tie: top-k's order is the (value, column) order
-        return vals[:, :k], cols[:, :k]
-    order = np.lexsort((cols, -vals if largest else vals))  # along each row: by value, then by column
-    vals, cols = np.take_along_axis(vals, order, 1)[:, :k], np.take_along_axis(cols, order, 1)[:, :k]
-    for r in np.flatnonzero(same[:, k - 1]).tolist():
-        # the k-th value ties the (k+1)-th: every entry equal to it competes for the last places,
-        # lowest column first; the strictly better entries come first and are all in the top k
-        kth = vals[r, k - 1]
-        better = int((vals[r] != kth).sum())
+def _order_small(scores: torch.Tensor, top: np.ndarray, cols: np.ndarray, k: int, largest: bool,
+                 offsets: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best of each row of ``scores`` from its sorted top-(k + 1) ``top`` at columns ``cols``
+    (numpy), ordered by (value, column); with ``offsets`` (the largest scores s), the values are
+    o − s. The k-th place goes by score; an entry tied there with the (k+1)-th competes with every
+    equal score of its row, lowest column first."""
+    d = top if offsets is None else offsets - top
+    key = -d if largest and offsets is None else d  # ascending
+    if not (key[:, 1:] == key[:, :-1]).any():  # no tie: top-k's order is the (value, column) order
+        return torch.from_numpy(d[:, :k]), torch.from_numpy(cols[:, :k])
+    cut = top[:, k - 1] == top[:, k]
+    cols = cols[:, :k].copy() if cut.any() else cols[:, :k]
+    for r in np.flatnonzero(cut).tolist():
+        # the strictly better entries come first and are all in the top k; the places left go to
+        # the lowest columns holding the k-th score
+        kth = top[r, k - 1]
+        better = int((top[r, :k] != kth).sum())
         cols[r, better:] = np.flatnonzero(scores[r].numpy() == kth)[:k - better]
-    return vals, cols
+    key, d = key[:, :k], d[:, :k]
+    order = np.lexsort((cols, key))  # along each row: by value, then by column
+    rows = np.arange(cols.shape[0])[:, None]
+    return torch.from_numpy(d[rows, order]), torch.from_numpy(cols[rows, order])
 
 
 def _by_value_then_index(vals: torch.Tensor, idx: torch.Tensor, k: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,24 +341,9 @@ def _knn_one_block(offsets: torch.Tensor, phi: torch.Tensor, psi: torch.Tensor, 
     scores = torch.mm(phi, psi.T)
     if k < scores.shape[1] and _small(scores, scores.shape[0] * (k + 1)) and not offsets.requires_grad:
         top, pos = torch.topk(scores, k + 1)  # the largest, sorted
-        return _small_result(offsets.numpy()[:, None], scores, top.numpy(), pos.numpy(), k)
+        return _order_small(scores, top.numpy(), pos.numpy(), k, True, offsets.numpy()[:, None])
     s, i = largest_k(scores, None, k)
     return with_offsets(offsets, s.neg_(), i)
-
-
-def _small_result(offsets: np.ndarray, scores: torch.Tensor, top: np.ndarray, cols: np.ndarray,
-                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`with_offsets` of :func:`largest_k` for a small result, in numpy (the same float
-    operations, so the same values)."""
-    d = offsets - top
-    if not (d[:, 1:] == d[:, :-1]).any():  # equal scores give equal sums: no tie anywhere
-        return torch.from_numpy(d[:, :k]), torch.from_numpy(cols[:, :k])
-    top, cols = _ordered_few(scores, top, cols, k, largest=True)
-    d = offsets - top
-    if ((d[:, 1:] == d[:, :-1]) & (cols[:, 1:] < cols[:, :-1])).any():  # sums that rounding tied: by column
-        order = np.lexsort((cols, d))
-        d, cols = np.take_along_axis(d, order, 1), np.take_along_axis(cols, order, 1)
-    return torch.from_numpy(d), torch.from_numpy(cols)
 
 
 def distance_matrix(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor], *,

@@ -424,7 +424,12 @@ class Index:
                 redo = torch.from_numpy(np.flatnonzero(~certified)).to(q.device)
                 dist[redo], pos[redo] = self._exact_positions(q[redo], k, None if ex is None else ex[redo], allow)
         ids = self._ids_at((pos if pos.is_cpu else pos.cpu()).numpy())
-        out = (kind.out(dist), ids) if kind.is_numpy else (kind.out(dist.to(q.device)), torch.from_numpy(ids).to(q.device))
+        if kind.is_numpy:
+            out = (kind.out(dist), ids)
+        elif q.is_cpu and dist.is_cpu:
+            out = (kind.out(dist), torch.from_numpy(ids))
+        else:
+            out = (kind.out(dist.to(q.device)), torch.from_numpy(ids).to(q.device))
         return out + (certified,) if certify else out
 
     def _ids_at(self, positions: np.ndarray) -> np.ndarray:
