@@ -29,8 +29,26 @@ def progress_scope(progress: bool | None) -> Iterator[None]:
         _SILENCED.reset(token)
 
 
-def progress_bar(iterable=None, *, show: bool | None, **kwargs) -> tqdm:
+class HiddenBar:
+    """What a bar that is never shown needs to be: iterable, with ``update`` and ``close``
+    (opening even a disabled tqdm costs more than a small batch's work)."""
+
+    def __init__(self, iterable=None):
+        self._iterable = () if iterable is None else iterable
+
+    def __iter__(self):
+        return iter(self._iterable)
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(iterable=None, *, show: bool | None, **kwargs) -> "tqdm | HiddenBar":
     """A tqdm bar shown when ``show`` is true (``None``: tqdm decides, on a terminal),
-    and never inside a silenced :func:`progress_scope`."""
-    disable = True if _SILENCED.get() else (None if show is None else not show)
-    return tqdm(iterable, disable=disable, leave=False, **kwargs)
+    and never inside a silenced :func:`progress_scope` (then a :class:`HiddenBar`)."""
+    if show is False or _SILENCED.get():
+        return HiddenBar(iterable)
+    return tqdm(iterable, disable=None if show is None else False, leave=False, **kwargs)

@@ -156,9 +156,8 @@ class Geometry:
 
     def _chunks(self, n: int, desc: str):
         chunks = list(row_chunks(n, self.batch_size))
-        if len(chunks) == 1 or n * self._flops_per_row() <= PROGRESS_FLOPS:
-            return chunks  # no bar (opening even a hidden one costs more than a small batch's features)
-        return progress_bar(chunks, show=True, desc=desc)
+        show = len(chunks) > 1 and n * self._flops_per_row() > PROGRESS_FLOPS
+        return progress_bar(chunks, show=show, desc=desc)
 
     # ------------------------------------------------------------ public API
     def query_features(self, Q: Any, symmetric: bool = True) -> Any:
