@@ -402,13 +402,15 @@ def bench_fixed_cost(models: dict, Q: torch.Tensor, G: torch.Tensor, Qs: list[in
             fns = {"raw": lambda: torch.topk(f @ psi.T, K), "floor": floor, "knn": lambda: knn(o, f, psi, K),
                    "raw with φ(Q)": lambda: torch.topk(model._query_terms(q, True)[1] @ psi.T, K),
                    "Index.search": lambda: index.search(q, k=K),
-                   "GEMM": lambda: torch.mm(f, psi.T), "GEMM + one numpy op": lambda: (torch.mm(f, psi.T), on + on)}
+                   "GEMM": lambda: torch.mm(f, psi.T), "GEMM + one numpy op": lambda: (torch.mm(f, psi.T), on + on),
+                   "GEMM + validating Q": lambda: (torch.mm(f, psi.T), model._input(q, "Q"))}
             res = interleaved(fns, FIXED_REPEATS)
             us = {n: 1e6 * r["seconds"] for n, r in res.items()}
             out.append({"model": name, "Q": n_q, "G": G.shape[0], "D": f.shape[1], "us": us,
                         "floor_ratio": us["raw"] / us["floor"], "knn_ratio": us["raw"] / us["knn"],
                         "index_ratio": us["raw with φ(Q)"] / us["Index.search"],
-                        "numpy_op_us": us["GEMM + one numpy op"] - us["GEMM"]})
+                        "numpy_op_us": us["GEMM + one numpy op"] - us["GEMM"],
+                        "validate_us": us["GEMM + validating Q"] - us["GEMM"]})
         del psi, index
         gc.collect()
     return out
@@ -417,10 +419,11 @@ def bench_fixed_cost(models: dict, Q: torch.Tensor, G: torch.Tensor, Qs: list[in
 def fixed_cost_table(rows: list[dict]) -> str:
     return bl.table(
         ["model", "|Q|", "|G|", "raw µs", "floor µs (raw/floor)", "knn µs (raw/knn)", "raw with φ(Q) µs",
-         "Index.search µs (raw/ours)", "one numpy op after the GEMM, µs"],
+         "Index.search µs (raw/ours)", "one numpy op after the GEMM, µs", "validating Q after the GEMM, µs"],
         [[r["model"], r["Q"], f"{r['G']:,}", f"{r['us']['raw']:.0f}", f"{r['us']['floor']:.0f} ({r['floor_ratio']:.2f})",
           f"{r['us']['knn']:.0f} ({r['knn_ratio']:.2f})", f"{r['us']['raw with φ(Q)']:.0f}",
-          f"{r['us']['Index.search']:.0f} ({r['index_ratio']:.2f})", f"{r['numpy_op_us']:.1f}"] for r in rows])
+          f"{r['us']['Index.search']:.0f} ({r['index_ratio']:.2f})", f"{r['numpy_op_us']:.1f}",
+          f"{r['validate_us']:.1f}"] for r in rows])
 
 
 def run(quick: bool = False, log=print) -> dict:
@@ -514,9 +517,10 @@ Each call timed {FIXED_REPEATS} times, all interleaved, fastest single call kept
 d = o − top in numpy, one test for equal neighbours: the least that returning ties in (distance, index) order adds
 to **raw** (`torch.topk(φ @ ψ.T, k)`). **knn** also checks its inputs' shapes and dtypes and orders any ties;
 **Index.search** also validates Q (shape, finite), computes φ(Q), and maps positions to ids and to numpy (against
-**raw with φ(Q)**). The last column is the time one small numpy subtraction adds right after the GEMM: the GEMM
-streams {Gt.shape[0] * 4 * 384 / 2**20:.0f}+ MiB of keys through the 2 MiB L2 caches, so the interpreter and every
-later operation start cold.
+**raw with φ(Q)**). The last two columns are the time one small numpy subtraction, and the validation of Q (shape,
+dtype, finite), add right after the GEMM: the GEMM streams {Gt.shape[0] * 4 * 384 / 2**20:.0f}+ MiB of keys through
+the 2 MiB L2 caches, so the interpreter and every later operation start cold. In a loop of searches every call
+starts after the previous call's GEMM, so each library call on the path pays this cold cost.
 
 {fixed_cost_table(fixed)}
 """

@@ -20,6 +20,8 @@ def positive_int(value: Any, name: str, allow_none: bool = False) -> int | None:
     """``value`` as an int ≥ 1, or a ``ValueError`` naming ``name``: the one check of every
     count, size and budget argument. Python and numpy integers are accepted; bools, floats
     and strings are not (``None`` too, unless ``allow_none``)."""
+    if type(value) is int and value >= 1:
+        return value
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:

@@ -17,8 +17,8 @@ from .models.base import Geometry, prepare_anchors
 
 
 def _unit(X: torch.Tensor, name: str) -> torch.Tensor:
-    norms = X.norm(dim=1, keepdim=True)
-    if bool((norms == 0).any()):
+    norms = torch.linalg.vector_norm(X, dim=1, keepdim=True)
+    if not bool(norms.all()):
         raise ValueError(f"{name} contains an all-zero row, which has no direction; drop it.")
     return X / norms
 

@@ -119,6 +119,7 @@ class Index:
         self._ids = np.zeros(0, dtype=np.int64) if ids is None else ids
         self._dim = dim
         self._lookup: tuple[np.ndarray, np.ndarray] | None = None
+        self._id_table: tuple[np.ndarray, np.ndarray] | None = None  # (ids followed by −1, the ids it was made from)
         self._width: int | None = None  # width of φ and ψ (they pair up in one inner product)
         if isinstance(backend, MilvusBackend):
             backend.bind(model, symmetric)  # named in the fingerprint of the collection it creates
@@ -433,11 +434,11 @@ class Index:
         return out + (certified,) if certify else out
 
     def _ids_at(self, positions: np.ndarray) -> np.ndarray:
-        """Ids of stored ``positions`` (−1: no result, which stays −1)."""
-        ids = self._ids[positions]
-        if positions.min() < 0:
-            ids[positions < 0] = -1
-        return ids
+        """Ids of stored ``positions`` (−1: no result, which stays −1), read from the ids followed by
+        a −1 (the entry position −1 reads): one lookup, no test for missing results."""
+        if self._id_table is None or self._id_table[1] is not self._ids:
+            self._id_table = (np.append(self._ids, -1), self._ids)
+        return self._id_table[0][positions]
 
     def _feature_width(self, X: torch.Tensor) -> int:
         """Width of the feature maps, from one row's key features the first time it is needed."""
