@@ -248,4 +248,4 @@ def _milvus_on_cluster(index: Index, client: Any, shards: list[Shard], g0: torch
     backend.client.flush(backend.params["collection_name"])
     if backend.count() != len(ids):
         raise RuntimeError(f"The Milvus collection holds {backend.count()} rows after the build, not {len(ids)}.")
-    index._ids, index._lookup = ids, None
+    index._ids = ids

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._backend import positive_int
+from .._backend import concat, positive_int
 from ..models.base import AnchorModel, EuclideanModel, Geometry
 from ._common import Backend, id_array, restricted_knn
 from ._exact import ExactBackend
@@ -118,8 +118,9 @@ class Index:
         backend.anchor_logits = getattr(model, "anchor_logits", None)
         self._ids = np.zeros(0, dtype=np.int64) if ids is None else ids
         self._dim = dim
-        self._lookup: tuple[np.ndarray, np.ndarray] | None = None
-        self._id_table: tuple[np.ndarray, np.ndarray] | None = None  # (ids followed by −1, the ids it was made from)
+        # made from the ids when first needed, and again once they are replaced (add, delete, build):
+        self._lookup: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (sorted ids, their order, ids)
+        self._id_table: tuple[np.ndarray, np.ndarray] | None = None  # (ids followed by −1, ids)
         self._width: int | None = None  # width of φ and ψ (they pair up in one inner product)
         if isinstance(backend, MilvusBackend):
             backend.bind(model, symmetric)  # named in the fingerprint of the collection it creates
@@ -199,10 +200,10 @@ class Index:
 
     def _find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(positions, found) of ``ids`` among the stored ids (positions valid where found)."""
-        if self._lookup is None:
+        if self._lookup is None or self._lookup[2] is not self._ids:
             order = np.argsort(self._ids, kind="stable")
-            self._lookup = (self._ids[order], order)
-        sorted_ids, order = self._lookup
+            self._lookup = (self._ids[order], order, self._ids)
+        sorted_ids, order, _ = self._lookup
         at = np.clip(np.searchsorted(sorted_ids, ids), 0, max(0, len(sorted_ids) - 1))
         found = sorted_ids[at] == ids if len(sorted_ids) else np.zeros(np.shape(ids), bool)
         return order[at], found
@@ -307,7 +308,6 @@ class Index:
         else:
             self._backend.add(psi, new, self._ids, upsert=upsert, raw=None if raw is None else torch.as_tensor(raw))
         self._ids = np.concatenate([self._ids, new])
-        self._lookup = None
 
     def upsert(self, G: Any, ids: Any, metadata: Any = None) -> "Index":
         """Insert the rows of ``G`` under ``ids``, replacing the stored vectors of ids already present.
@@ -354,7 +354,6 @@ class Index:
         positions = np.unique(positions)
         self._backend.delete(positions, ids, len(self), replaced=replaced)
         self._ids = np.delete(self._ids, positions)
-        self._lookup = None
 
     def search(self, Q: Any, k: int = 10, exclude: Any = None, filter: Any = None, *, certify: bool = False,
                fallback: bool = True) -> tuple[Any, ...]:
@@ -417,8 +416,7 @@ class Index:
         parts = [self._search_block(q, k, ex, allow, certify)] if rows >= q.shape[0] else [
             self._search_block(q[s:s + rows], k, None if ex is None else ex[s:s + rows], allow, certify)
             for s in range(0, q.shape[0], rows)]
-        dist, pos = (parts[0][0], parts[0][1]) if len(parts) == 1 else (
-            torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+        dist, pos = concat([p[0] for p in parts]), concat([p[1] for p in parts])
         if certify:
             certified = np.concatenate([p[2] for p in parts])
             if fallback and not certified.all():
