@@ -1,35 +1,44 @@
 # Two entry points: `make demo` (set up, run the main job) and `make test` (set up, run the tests).
+# pip is the install path (`pip install 'anchordiv[all]'`); these targets only add a venv, a CPU
+# build of torch, and what the tests need beyond Python packages.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip
+PIP := $(PY) -m pip -qq
 # CPU build of torch (a plain `torch` requirement would pull a multi-GB CUDA build).
 TORCH ?= torch==2.13.0
-OPEN_CLIP ?= open_clip_torch==3.3.0 ftfy wcwidth torchvision==0.16.2 requests urllib3 charset-normalizer certifi
+# The float-sensitive tests, rerun under a second SIMD level (generic kernels in torch and faiss).
+SIMD_ENV := ATEN_CPU_CAPABILITY=default FAISS_OPT_LEVEL=generic
 
-.PHONY: setup demo test bench experiments clean
+.PHONY: setup setup-demo demo test test-simd bench experiments clean
+
+setup-demo: $(VENV)/.demo
+
+# The demo's environment: no root, no browser, no network beyond PyPI.
+$(VENV)/.demo: pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install $(TORCH)
+	$(PIP) install -e '.[demo]'
+	touch $@
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[test]'
-	# open_clip for the open_clip encoder path. It needs only torchvision's pure-Python
-	# transforms, so a torchvision without compiled ops is installed beside the CPU torch.
-	$(PIP) install -q --no-deps $(OPEN_CLIP)
-	# Debian's Chromium for the browser tests of `anchordiv serve` (Playwright drives it).
-	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
-	# Emoji pictures (npm packs of pinned emoji-datasource-google/-twitter, outside git) for
-	# `anchordiv demo --images`, scripts/emoji_experiments.py and the real-emoji test.
-	command -v npm >/dev/null && $(PY) -m anchordiv.emoji || echo "npm missing: emoji pictures not fetched"
+# The tests' environment adds the test tools, a real Milvus server, Debian's Chromium for the
+# browser tests (apt-get, as root) and the emoji pictures (npm packs) for the real-emoji test.
+$(VENV)/.installed: $(VENV)/.demo
+	$(PIP) install -e '.[test]'
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+	command -v npm >/dev/null && $(PY) -m anchordiv.emoji >/dev/null || echo "npm missing: emoji pictures not fetched"
 	touch $@
 
-demo: setup
+demo: setup-demo
 	$(VENV)/bin/anchordiv demo
 
 test: setup
 	$(PY) -m pytest -q
+
+test-simd: setup
+	$(SIMD_ENV) $(PY) -m pytest -q -m numeric
 
 bench: setup
 	$(PY) benchmarks/run.py
@@ -43,4 +52,4 @@ experiments: setup
 	$(PY) scripts/emoji_experiments.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build dist *.egg-info src/*.egg-info

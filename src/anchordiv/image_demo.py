@@ -2,7 +2,7 @@
 
 The held-out emoji of :mod:`anchordiv.emoji` (objects never seen in training, each drawn
 by Google and by Twitter) are embedded with the committed emoji CLIP
-(:func:`anchordiv.emoji.clip_spec`). Two anchor sets define two geometries: the
+(``anchordiv.emoji.CLIP_SPEC``). Two anchor sets define two geometries: the
 **objects** (``"a {name} emoji"`` for every emoji shown) and the **styles** (the style
 captions of every vendor). Under object anchors a picture's neighbours should be the
 same emoji in the other style; under style anchors, other emoji in its own style.
@@ -35,7 +35,7 @@ def image_demo_data(encoder: Any = None, cache: Any = None, *, n_emoji: int | No
     Parameters
     ----------
     encoder : str or Encoder, optional
-        Default: the committed emoji CLIP (:func:`anchordiv.emoji.clip_spec`).
+        Default: the committed emoji CLIP (``anchordiv.emoji.CLIP_SPEC``).
     cache : path, optional
         The emoji folder (default :func:`anchordiv.emoji.default_cache`).
     n_emoji : int, optional
@@ -63,7 +63,7 @@ def image_demo_data(encoder: Any = None, cache: Any = None, *, n_emoji: int | No
         keep = set(np.random.default_rng(seed).permutation(names)[: int(n_emoji)].tolist())
         pictures = [e for e in pictures if e.name in keep]
         names = sorted(keep)
-    enc = load(emoji.clip_spec(), device="cpu") if encoder is None else (
+    enc = load(emoji.CLIP_SPEC, device="cpu") if encoder is None else (
         load(encoder, device="cpu") if isinstance(encoder, str) else encoder)
     X = enc.encode_images([e.path for e in pictures], progress=False)
     phrases = {
@@ -81,7 +81,7 @@ def image_demo_data(encoder: Any = None, cache: Any = None, *, n_emoji: int | No
             "tau": float(enc.tau)}
 
 
-def run_image_demo(out_dir: str | os.PathLike = "demo-images", encoder: Any = None, cache: Any = None, *,
+def run_image_demo(out_dir: str | os.PathLike = "emoji-demo-report", encoder: Any = None, cache: Any = None, *,
                    n_emoji: int | None = None, k: int = 8, n_queries: int = 3, seed: int = 0,
                    png: bool = True, echo: Callable[[str], Any] | None = print) -> dict[str, Any]:
     """Mean AUPRC of cosine and of softmax geometries under object and style anchors on the
@@ -143,10 +143,9 @@ def run_image_demo(out_dir: str | os.PathLike = "demo-images", encoder: Any = No
         for key, row in zip(table.index, table.to_numpy()):
             w.writerow([key, *(f"{v:.6f}" for v in row)])
     seconds = time.perf_counter() - t0
-    say(f"Mean AUPRC on {facts['collection']}; {facts['encoder']}:")
+    say(f"Mean AUPRC on {facts['collection']}; {facts['encoder']} ({seconds:.1f} s):")
     say(format_table(table))
     say(f"report: {paths.html}")
-    say(f"done in {seconds:.1f} s")
     return {"auprc": table, "report": paths.html, "seconds": seconds, **data}
 
 

