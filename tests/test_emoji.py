@@ -170,6 +170,9 @@ def test_committed_model_is_small_and_loads_offline(clip, state):
     assert size <= 10 * 2**20
     assert not any(k.startswith("text.transformer.") for k in state)  # the frozen MiniLM is not committed
     assert clip.name == "emoji-clip"
+    from anchordiv.encoders._emoji_clip import COMMITTED_FOLDER
+
+    assert COMMITTED_FOLDER == emoji.CLIP_DIR
     assert clip.tau == pytest.approx(float(np.exp(-state["logit_scale"].double().item())), rel=1e-12)
     assert clip.dim == 128 and clip.has_images
     assert torch.equal(clip.model.proj.weight, state["text.proj.weight"].float())
@@ -376,7 +379,7 @@ def test_image_demo_service_serves_thumbnails_and_both_contexts(clip, tree):
             geom = __import__("anchordiv").make_model("softmax", tau=svc.tau).fit(svc.anchors.sets[context])
             _, idx = geom.search(X[:1], X, k=5, exclude=np.array([[0]]))
             assert [h["id"] for h in data["results"]] == [int(i) for i in idx[0]]
-            assert all(h["thumbnail"] == f"/api/thumb/{h['id']}" for h in data["results"])
+            assert all(h["thumbnail"] == f"{server.url}/api/thumb/{h['id']}" for h in data["results"])
 
 
 # ----------------------------------------------------------------------------- the real emoji

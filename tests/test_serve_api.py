@@ -3,7 +3,8 @@
 The demo collection (360 scene descriptions, minilm) is served on a free loopback port;
 every neighbour list is checked against ``model.search`` on the same context, fitted
 independently here. A small image collection with a stub encoder covers thumbnails and
-image uploads.
+image uploads; collections whose ids differ from their rows (ids 1..30, string ids) show
+that ``id`` means the ``id`` column everywhere and ``row`` the position.
 """
 
 import base64
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -81,6 +83,20 @@ def ids(resp):
     return [h["id"] for h in resp["results"]]
 
 
+def rows(resp):
+    return [h["row"] for h in resp["results"]]
+
+
+def similarities(model, distances):
+    """The documented similarity: exp(−d) for a divergence, 1 − d for cosine, −d for iti."""
+    d = np.asarray(distances, dtype=np.float64)
+    if model == "cosine":
+        return 1 - d
+    if model == "iti":
+        return -d
+    return np.exp(-np.maximum(d, 0))
+
+
 # --------------------------------------------------------------------------- contexts
 def test_contexts_describe_sets_models_and_collection(client, demo):
     info = client.get("/api/contexts").json()
@@ -94,6 +110,10 @@ def test_contexts_describe_sets_models_and_collection(client, demo):
     assert c["label_columns"] == ["breed", "place", "clothing"] and "husky" in c["labels"]["breed"]
     assert c["text_queries"] and not c["image_queries"] and not c["has_images"]
     assert info["limits"] == {"max_k": 1000, "max_text": 1000, "max_context": 500, "max_image_bytes": 10 * 2**20}
+    assert info["default"] == {"name": "softmax:breeds", "model": "softmax", "anchors": "breeds",
+                               "tau": pytest.approx(0.05), "k": 12}
+    assert info["names"] == client.get("/indices-list").json()
+    assert set(info["similarity"]) == {"cosine", "iti", "divergence"}
 
 
 # --------------------------------------------------------------------------- search
@@ -114,15 +134,21 @@ def test_row_query_equals_model_search(client, demo, model, context, params):
     data = resp.json()
     d, i = expected(demo, fitted(demo, model, context, **params), demo.collection.embeddings[QUERY_ROW], 10,
                     own=QUERY_ROW)
-    assert ids(data) == i
-    assert np.allclose([h["distance"] for h in data["results"]], d, rtol=1e-5, atol=1e-6)
-    assert [h["similarity"] for h in data["results"]] == pytest.approx([1 - h["distance"] for h in data["results"]])
-    assert data["query"] == {"kind": "row", "row": QUERY_ROW, "text": demo.item_text(QUERY_ROW),
+    assert ids(data) == i and rows(data) == i  # the demo has no 'id' column: ids are rows
+    dist = [h["distance"] for h in data["results"]]
+    assert np.allclose(dist, d, rtol=1e-5, atol=1e-6)
+    sim = [h["similarity"] for h in data["results"]]
+    assert sim == pytest.approx(similarities(model, dist).tolist(), rel=1e-12, abs=1e-12)
+    assert all(a >= b for a, b in zip(sim, sim[1:]))  # monotone: the nearest is the most similar
+    if model not in ("cosine", "iti"):
+        assert all(0 < x <= 1 for x in sim)
+    assert data["query"] == {"kind": "row", "id": QUERY_ROW, "row": QUERY_ROW, "text": demo.item_text(QUERY_ROW),
                              "labels": demo.labels_of(QUERY_ROW)}
     hit = data["results"][0]
-    assert hit["text"] == demo.collection.metadata["text"][hit["id"]]
-    assert hit["labels"] == {c: demo.collection.metadata[c][hit["id"]] for c in ("breed", "place", "clothing")}
+    assert hit["text"] == demo.collection.metadata["text"][hit["row"]]
+    assert hit["labels"] == {c: demo.collection.metadata[c][hit["row"]] for c in ("breed", "place", "clothing")}
     assert data["context"]["model"] == model and data["context"]["anchors"] == context
+    assert data["context"]["name"] == (f"{model}:{context}" if context else model)
 
 
 def test_text_query_why_and_include_self(client, demo):
@@ -260,14 +286,15 @@ def test_malformed_bodies_and_limits(client):
     assert "no image tower" in no_tower.json()["error"]
 
 
-def test_items_and_thumbnails_by_row_only(client, demo):
-    item = client.get("/api/items/5").json()
-    assert item["id"] == 5 and item["text"] == demo.collection.metadata["text"][5] and item["thumbnail"] is None
+def test_items_and_thumbnails_by_id(client, demo):
+    item = client.get("/api/items/5").json()  # no 'id' column: the id is the row number
+    assert item["id"] == 5 and item["row"] == 5 and item["text"] == demo.collection.metadata["text"][5]
+    assert item["thumbnail"] is None
     assert item["labels"] == demo.labels_of(5)
     for bad in ("360", "-1", "abc", "1e3", "%2e%2e"):
         resp = client.get(f"/api/items/{bad}")
         assert resp.status_code == 404 and resp.json()["field"] == "id", bad
-    assert client.get("/api/items/..%2F..%2Fetc%2Fpasswd").status_code == 404  # no such route
+    assert client.get("/api/items/..%2F..%2Fetc%2Fpasswd").status_code == 404  # no such id
     assert client.get("/api/thumb/5").status_code == 404  # a text collection has no images
     assert client.get("/api/thumb/../../etc/passwd").status_code == 404
     assert client.get("/static/../service.py").status_code == 404
@@ -302,8 +329,8 @@ def _clip_client_body(**over):
 
 def test_clip_retrieval_endpoints(client, demo):
     names = client.get("/indices-list").json()
-    assert names[0] == "cosine" and "softmax:breeds" in names and "iti:clothing" in names
-    assert len(names) == 1 + 6 * 3
+    assert names[0] == "softmax:breeds" and names[1] == "cosine" and "iti:clothing" in names  # the default first
+    assert len(names) == 1 + 6 * 3 and len(set(names)) == len(names)
     # ClipClient sends data=json.dumps(...) with no Content-Type, as here
     resp = client.post("/knn-service", content=_clip_client_body(text="a corgi in a bow tie", num_images=5,
                                                                  num_result_ids=5))
@@ -316,7 +343,8 @@ def test_clip_retrieval_endpoints(client, demo):
             seen.add(demo.collection.embeddings[h["id"]].tobytes())
             unique.append(h)
     assert [h["id"] for h in hits] == [h["id"] for h in unique]
-    assert [h["similarity"] for h in hits] == pytest.approx([1 - h["distance"] for h in unique])
+    assert [h["similarity"] for h in hits] == pytest.approx([np.exp(-h["distance"]) for h in unique], rel=1e-12)
+    assert all(0 < h["similarity"] <= 1 for h in hits)
     assert set(hits[0]) >= {"id", "similarity", "caption", "breed", "place", "clothing"}
     assert hits[0]["caption"] == demo.collection.metadata["text"][hits[0]["id"]]
     # cosine: similarity is the cosine similarity, as clip back reports it
@@ -335,6 +363,7 @@ def test_clip_retrieval_endpoints(client, demo):
     meta = client.post("/metadata", content=json.dumps({"ids": [3, 9], "indice_name": "cosine"})).json()
     assert [m["id"] for m in meta] == [3, 9]
     assert meta[1]["metadata"]["caption"] == demo.collection.metadata["text"][9]
+    assert client.post("/metadata", content=json.dumps({"ids": [360]})).json()["field"] == "ids"
     for body, field in ((_clip_client_body(image_url="http://example.com/x.jpg"), "image_url"),
                         (_clip_client_body(text="a", indice_name="softmax"), "indice_name"),
                         (_clip_client_body(text="a", indice_name="softmax:nope"), "indice_name"),
@@ -363,6 +392,8 @@ def test_real_clip_client(server, client):
     mod = _clip_client_module()
     if mod is None:
         pytest.skip("clip-retrieval is not installed; test_clip_retrieval_endpoints sends its exact requests")
+    names = client.get("/indices-list").json()
+    assert "softmax:places" in names
     cc = mod.ClipClient(url=f"{server.url}/knn-service", indice_name="softmax:places", num_images=6,
                         modality=mod.Modality.TEXT)
     hits = cc.query(text="a pug in the snowy mountains")
@@ -370,7 +401,7 @@ def test_real_clip_client(server, client):
                                               "k": 6}).json()
     assert [h["id"] for h in hits] == ids(native) and all("caption" in h for h in hits)
     emb = cc.query(embedding_input=[float(x) for x in np.eye(384)[0]])
-    assert len(emb) == 6 and all("similarity" in h for h in emb)
+    assert len(emb) == 6 and all(0 < h["similarity"] <= 1 for h in emb)
 
 
 # --------------------------------------------------------------------------- images
@@ -455,7 +486,7 @@ def test_thumbnails_serve_only_the_collections_images(image_server):
             resp = c.get(f"/api/thumb/{bad}")
             assert resp.status_code == 404 and b"do not serve" not in resp.content, bad
         item = c.get("/api/items/1").json()
-        assert item["text"] == "c1.png" and item["thumbnail"] == "/api/thumb/1"
+        assert item["text"] == "c1.png" and item["thumbnail"] == f"{server.url}/api/thumb/1"
         assert "image_path" not in item["metadata"]  # the server's paths stay on the server
         meta = c.post("/metadata", content=json.dumps({"ids": [0]})).json()[0]["metadata"]
         assert meta["image_path"] == "c0.png"
@@ -478,12 +509,13 @@ def test_image_upload_query(image_server):
         rows = np.array([0, 1, 2, 3, 4])
         _, i = geom.search(q[None], svc.collection.embeddings[rows], k=3)
         assert data["query"] == {"kind": "image"} and ids(data) == rows[i[0]].tolist()
-        assert data["results"][0]["thumbnail"] == "/api/thumb/1"
+        assert data["results"][0]["thumbnail"] == f"{server.url}/api/thumb/1"  # absolute: usable from anywhere
+        assert c.get(data["results"][0]["thumbnail"]).headers["content-type"] == "image/jpeg"
         clip = c.post("/knn-service", content=_clip_client_body(image=base64.b64encode(png).decode(),
                                                                  indice_name="cosine", num_images=2)).json()
         X = svc.collection.embeddings
         assert [h["id"] for h in clip] == np.argsort(-(X @ q), kind="stable")[:2].tolist()
-        assert clip[0]["id"] == 1 and clip[0]["url"] == "/api/thumb/1"
+        assert clip[0]["id"] == 1 and clip[0]["url"] == f"{server.url}/api/thumb/1"
         for files, field in (({"image": ("x.png", b"not an image", "image/png")}, "image"),
                              ({"image": ("x.png", png, "image/png")}, "k")):
             resp = c.post("/api/search", files=files, data={"k": "zero"} if field == "k" else {})
@@ -532,6 +564,17 @@ def test_cli_serve_with_a_faiss_index_and_clean_shutdown(tmp_path):
             assert c.post("/api/search", json={"row": 5, "index": "hnsw", "model": "softmax"}).json()["field"] \
                 == "model"
             assert c.post("/api/search", json={"text": "a cat"}).json()["field"] == "text"  # no encoder
+            names = c.get("/indices-list").json()
+            assert names == ["cosine", "index:hnsw"]  # --model cosine: the default is cosine
+            by_name = c.post("/api/search", json={"row": 5, "context": "index:hnsw", "k": 5}).json()
+            assert ids(by_name) == ids(got) and by_name["context"]["name"] == "index:hnsw"
+            knn = c.post("/knn-service", content=_clip_client_body(embedding_input=X[5].tolist(),
+                                                                    indice_name="index:hnsw", num_images=6,
+                                                                    deduplicate=False)).json()
+            d6, i6 = index.search(X[5:6], k=6)
+            assert [h["id"] for h in knn] == i6[0].tolist() and knn[0]["id"] == 5
+            assert [h["similarity"] for h in knn] == pytest.approx(np.exp(-np.maximum(d6[0], 0)), rel=1e-6)
+            assert c.post("/api/search", json={"row": 5, "context": "index:nope"}).json()["field"] == "context"
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=20)
@@ -549,3 +592,277 @@ def test_server_thread_stops_cleanly(demo):
     assert not s.thread.is_alive()
     with socket.socket() as sock:
         assert sock.connect_ex((s.host, s.port)) != 0
+
+
+# --------------------------------------------------------------------------- ids, rows, names, defaults
+N_IDS = 30
+
+
+def _id_collection(id_values, root=None):
+    """30 rows of 8-d unit vectors with ``id`` column ``id_values``, a caption and a label; two anchor sets."""
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(N_IDS, 8)).astype(np.float32)
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    meta = pd.DataFrame({"id": id_values, "caption": [f"item at row {r}" for r in range(N_IDS)],
+                         "label": [("odd", "even")[r % 2] for r in range(N_IDS)]})
+    coll = Collection(X, metadata=meta, kind="text", tau=0.05, encoder="none", path=str(root or "ids"))
+    A = rng.normal(size=(11, 8)).astype(np.float32)
+    A /= np.linalg.norm(A, axis=1, keepdims=True)
+    sets = {"left": ad.AnchorSet(A[:6], texts=[f"l{j}" for j in range(6)]),
+            "right": ad.AnchorSet(A[6:], texts=[f"r{j}" for j in range(5)])}
+    anchors = EmbeddedAnchors(path=Path("ids.yaml"), sets=sets, mix={"left": 1.0, "right": 1.0}, encoder="none",
+                              tau=0.05)
+    return coll, anchors
+
+
+ID_KINDS = {"ints 1..30": list(range(1, N_IDS + 1)),
+            "strings": [f"p/{chr(97 + r % 26)}-{r * 7 % 31}" for r in range(N_IDS)]}
+
+
+@pytest.fixture(scope="module", params=list(ID_KINDS))
+def id_server(request):
+    id_values = ID_KINDS[request.param]
+    coll, anchors = _id_collection(id_values)
+    svc = Service(coll, anchors)
+    with ServerThread(create_app(svc)) as s, httpx.Client(base_url=s.url, timeout=60) as c:
+        yield s, c, svc, id_values
+
+
+def test_an_id_names_the_same_item_everywhere(id_server):
+    """Results, {"id": ...} queries, /api/items/{id}, /knn-service and /metadata agree on ids."""
+    server, c, svc, id_values = id_server
+    X = svc.collection.embeddings
+    row = 14
+    by_row = c.post("/api/search", json={"row": row, "model": "cosine", "k": 6}).json()
+    want = np.argsort(-(X @ X[row]), kind="stable")[1:7].tolist()
+    assert rows(by_row) == want and ids(by_row) == [id_values[r] for r in want]
+    assert by_row["query"]["id"] == id_values[row] and by_row["query"]["row"] == row
+    by_id = c.post("/api/search", json={"id": id_values[row], "model": "cosine", "k": 6}).json()
+    assert ids(by_id) == ids(by_row) and rows(by_id) == want and by_id["query"]["row"] == row
+    for hit in by_row["results"]:
+        item = c.get(f"/api/items/{quote(str(hit['id']), safe='')}").json()
+        assert (item["id"], item["row"], item["text"]) == (hit["id"], hit["row"], f"item at row {hit['row']}")
+        again = c.post("/api/search", json={"id": hit["id"], "model": "cosine", "k": 1, "include_self": True}).json()
+        assert again["results"][0]["id"] == hit["id"] and again["results"][0]["row"] == hit["row"]
+    knn = c.post("/knn-service", content=_clip_client_body(embedding_input=X[row].tolist(), indice_name="cosine",
+                                                           num_images=7, deduplicate=False)).json()
+    assert [h["id"] for h in knn] == [id_values[row]] + ids(by_row)
+    assert [h["caption"] for h in knn] == [f"item at row {r}" for r in [row] + want]
+    meta = c.post("/metadata", content=json.dumps({"ids": [h["id"] for h in knn[:3]]})).json()
+    assert [m["id"] for m in meta] == [h["id"] for h in knn[:3]]
+    assert [m["metadata"]["caption"] for m in meta] == [h["caption"] for h in knn[:3]]
+    mod = _clip_client_module()
+    if mod is not None:  # clip-retrieval's own client sees the same ids
+        cc = mod.ClipClient(url=f"{server.url}/knn-service", indice_name="cosine", num_images=7,
+                            deduplicate=False)
+        assert [h["id"] for h in cc.query(embedding_input=X[row].tolist())] == [h["id"] for h in knn]
+
+
+def test_the_issue_example_id_15_is_row_14():
+    coll, anchors = _id_collection(ID_KINDS["ints 1..30"])
+    with ServerThread(create_app(Service(coll, anchors))) as s, httpx.Client(base_url=s.url) as c:
+        _id_15_is_row_14(c)
+
+
+def _id_15_is_row_14(c):
+    assert c.post("/api/search", json={"id": 15, "model": "cosine", "k": 1}).json()["query"]["row"] == 14
+    assert c.post("/api/search", json={"id": "15", "model": "cosine", "k": 1}).json()["query"]["row"] == 14
+    assert c.get("/api/items/15").json()["row"] == 14
+    assert c.post("/api/search", json={"row": 15, "model": "cosine", "k": 1}).json()["query"]["id"] == 16
+
+
+def test_an_id_that_does_not_exist_is_an_error(id_server):
+    server, c, svc, id_values = id_server
+    missing = [31, 0, "31", "nope"] if id_values[0] == 1 else ["p/zz", 0, 14, "P/A-0"]
+    for value in missing:
+        resp = c.post("/api/search", json={"id": value, "model": "cosine"})
+        err = resp.json()
+        assert resp.status_code == 404 and err["field"] == "id" and repr(value) in err["error"], value
+        assert "use row" in err["error"]
+        resp = c.get(f"/api/items/{quote(str(value), safe='')}")
+        assert resp.status_code == 404 and repr(str(value)) in resp.json()["error"]
+        resp = c.post("/metadata", content=json.dumps({"ids": [value]}))
+        assert resp.status_code == 404 and resp.json()["field"] == "ids"
+    for value in (True, 1.5, [1], {"id": 1}):
+        resp = c.post("/api/search", json={"id": value, "model": "cosine"})
+        assert resp.status_code == 422 and resp.json()["field"] == "id", value
+    resp = c.post("/api/search", json={"row": N_IDS, "model": "cosine"})
+    assert resp.status_code == 404 and resp.json()["field"] == "row"
+    first = c.post("/api/search", json={"row": 0, "model": "cosine", "k": 1}).json()["query"]
+    assert (first["row"], first["id"]) == (0, id_values[0])
+
+
+def test_duplicate_ids_are_an_error_naming_the_rows():
+    coll, anchors = _id_collection([1, 2, 2] + list(range(4, N_IDS + 1)))
+    svc = Service(coll, anchors)
+    with ServerThread(create_app(svc)) as s, httpx.Client(base_url=s.url) as c:
+        err = c.post("/api/search", json={"id": 2, "model": "cosine"}).json()
+        assert err["field"] == "id" and "rows [1, 2]" in err["error"]
+        assert c.post("/api/search", json={"row": 2, "model": "cosine", "k": 1}).json()["query"]["id"] == 2
+
+
+def test_one_default_context_everywhere(id_server):
+    server, c, svc, id_values = id_server
+    info = c.get("/api/contexts").json()
+    default = info["default"]
+    assert default == {"name": "softmax:left", "model": "softmax", "anchors": "left", "tau": 0.05, "k": 12}
+    assert c.get("/indices-list").json()[0] == default["name"]
+    X = svc.collection.embeddings
+    plain = c.post("/api/search", json={"embedding": X[3].tolist(), "k": 5}).json()
+    named = c.post("/api/search", json={"embedding": X[3].tolist(), "context": default["name"], "k": 5}).json()
+    assert plain["context"]["name"] == named["context"]["name"] == default["name"]
+    assert ids(plain) == ids(named)
+    geom = ad.make_model("softmax", tau=0.05).fit(svc.anchors.sets["left"])
+    _, i = geom.search(X[3:4], X, k=5)
+    assert rows(plain) == i[0].tolist()
+    knn = c.post("/knn-service", content=json.dumps({"embedding_input": X[3].tolist(), "num_images": 5})).json()
+    assert [h["id"] for h in knn] == ids(plain)
+    # a geometry without a context takes the default context's anchors
+    gauss = c.post("/api/search", json={"embedding": X[3].tolist(), "model": "gaussian", "k": 5}).json()
+    assert gauss["context"]["name"] == "gaussian:left"
+
+
+def test_default_context_can_be_chosen_and_is_checked():
+    coll, anchors = _id_collection(list(range(N_IDS)))
+    svc = Service(coll, anchors, default_model="gaussian", default_context="right:0.25,left:0.75")
+    assert svc.default_key.name == "gaussian:right:0.25,left:0.75" and svc.indices_list()[0] == svc.default_key.name
+    assert svc.search({"row": 1, "k": 3})["context"]["name"] == svc.default_key.name
+    assert Service(coll, anchors, default_model="cosine").indices_list()[0] == "cosine"
+    with pytest.raises(ValueError, match="default_context: unknown anchor set 'nope'"):
+        Service(coll, anchors, default_context="nope")
+
+
+def test_every_listed_name_is_accepted_by_search_and_knn_service(id_server):
+    server, c, svc, id_values = id_server
+    X = svc.collection.embeddings
+    names = c.get("/indices-list").json()
+    assert len(names) == 1 + 6 * 2 and names == c.get("/api/contexts").json()["names"]
+    for name in names:
+        body = {"embedding": X[2].tolist(), "context": name, "k": 4}
+        resp = c.post("/api/search", json=body)
+        assert resp.status_code == 200, (name, resp.text)
+        data = resp.json()
+        assert data["context"]["name"] == name
+        knn = c.post("/knn-service", content=_clip_client_body(embedding_input=X[2].tolist(), indice_name=name,
+                                                               num_images=4, deduplicate=False))
+        assert knn.status_code == 200 and [h["id"] for h in knn.json()] == ids(data), name
+        model, _, sets = name.partition(":")
+        split = c.post("/api/search", json={**body, "model": model, "context": sets or None}).json()
+        assert ids(split) == ids(data) and split["context"]["name"] == name  # MODEL + SETS: the same context
+    for bad, field in (("softmax", "context"), ("cosine:left", "context"), ("index:style", "context"),
+                       ("softmax:nope", "context")):
+        resp = c.post("/api/search", json={"row": 1, "context": bad})
+        assert resp.status_code in (404, 422) and resp.json()["field"] == field, bad
+    resp = c.post("/api/search", json={"row": 1, "context": "softmax:left", "model": "gaussian"})
+    assert resp.json()["field"] == "model" and "contradicts" in resp.json()["error"]
+
+
+def test_similarity_is_bounded_and_monotone(id_server):
+    server, c, svc, id_values = id_server
+    X = svc.collection.embeddings
+    q = X[5] * 0.6 + X[9] * 0.8
+    for model in ("softmax", "gaussian", "latent_gaussian", "cosine", "iti"):
+        data = c.post("/api/search", json={"embedding": q.tolist(), "model": model, "k": N_IDS}).json()
+        d = np.array([h["distance"] for h in data["results"]])
+        s = np.array([h["similarity"] for h in data["results"]])
+        assert np.all(np.diff(s) <= 0) and np.all(np.diff(d) >= 0)
+        if model == "cosine":
+            cos = X @ q / np.linalg.norm(q)
+            assert s == pytest.approx(cos[rows(data)], abs=1e-6)
+        elif model == "iti":
+            assert np.all(np.abs(s) <= 1) and s == pytest.approx(-d, abs=0)
+        else:
+            assert np.all((s > 0) & (s <= 1)) and s == pytest.approx(np.exp(-np.maximum(d, 0)), rel=1e-12)
+            assert d.max() > 1  # some distances exceed 1, where 1 − d would be negative
+        assert data["context"]["similarity"] == c.get("/api/contexts").json()["similarity"][
+            {"cosine": "cosine", "iti": "iti"}.get(model, "divergence")]
+
+
+def test_thumbnail_urls_are_absolute_and_use_string_ids(tmp_path):
+    import pandas as pd
+
+    enc = StubImageEncoder()
+    paths, id_values = [], ["red/one", "green two", "blue?3"]
+    for j, rgb in enumerate(COLOURS[:3]):
+        p = tmp_path / f"c{j}.png"
+        p.write_bytes(_png(rgb, (64, 64)))
+        paths.append(str(p))
+    from PIL import Image
+
+    X = enc.encode_images([Image.open(p) for p in paths])
+    meta = pd.DataFrame({"id": id_values, "image_path": paths, "label": ["a", "b", "c"]})
+    svc = Service(Collection(X, metadata=meta, kind="image", tau=0.05, encoder="stub", path=str(tmp_path)),
+                  None, enc, default_model="cosine")
+    with ServerThread(create_app(svc)) as s, httpx.Client(base_url=s.url) as c:
+        data = c.post("/api/search", json={"id": "green two", "k": 2}).json()
+        assert data["query"]["row"] == 1
+        for hit in data["results"]:
+            assert hit["thumbnail"] == f"{s.url}/api/thumb/{quote(hit['id'], safe='')}"
+            im = Image.open(io.BytesIO(httpx.get(hit["thumbnail"]).content))
+            assert np.abs(np.asarray(im).reshape(-1, 3).mean(0) - COLOURS[hit["row"]]).max() < 4
+        item = c.get(f"/api/items/{quote('red/one', safe='')}").json()
+        assert item["row"] == 0 and item["thumbnail"] == f"{s.url}/api/thumb/red%2Fone"
+        knn = c.post("/knn-service", content=_clip_client_body(embedding_input=X[2].tolist(), indice_name="cosine",
+                                                               num_images=1)).json()
+        assert knn[0]["id"] == "blue?3" and knn[0]["url"] == f"{s.url}/api/thumb/blue%3F3"
+
+
+def test_busy_port_is_a_one_line_error(tmp_path):
+    """``anchordiv serve`` on a port in use: one error line, exit 1, and never "Serving"."""
+    np.save(tmp_path / "coll.npy", np.eye(4, dtype=np.float32))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "anchordiv.cli", "serve", str(tmp_path / "coll.npy"),
+                               "--model", "cosine", "--port", str(port)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Serving" not in proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == [f"Error: port {port} on 127.0.0.1 is already in use; stop what serves there or choose "
+                     "another with --port"]
+
+
+class _CountingEncoder:
+    """A text encoder that counts the texts it embeds (to see whether the demo cache was used)."""
+
+    name, tau = "counting-stub", 0.05
+
+    def __init__(self):
+        self.calls = 0
+
+    def encode_text(self, texts, progress=False):
+        self.calls += len(texts)
+        out = []
+        for t in texts:
+            seed = int(hashlib.sha256(t.encode()).hexdigest()[:8], 16)
+            v = np.random.default_rng(seed).normal(size=16)
+            out.append((v / np.linalg.norm(v)).astype(np.float32))
+        return np.stack(out)
+
+
+def test_demo_embeddings_are_cached_by_encoder_and_content(tmp_path):
+    from anchordiv.serve.demo import build_demo_service
+
+    enc = _CountingEncoder()
+    cold = build_demo_service(24, 0, enc, cache=tmp_path)
+    assert enc.calls == 24 + 18
+    files = list(tmp_path.glob("scene-counting-stub-*.npz"))
+    assert len(files) == 1 and not list(tmp_path.glob(".*.tmp"))
+    warm = build_demo_service(24, 0, enc, cache=tmp_path)
+    assert enc.calls == 24 + 18  # nothing embedded again
+    np.testing.assert_array_equal(warm.collection.embeddings, cold.collection.embeddings)
+    for name in ("breeds", "places", "clothing"):
+        np.testing.assert_array_equal(warm.anchors.sets[name].embeddings.numpy(),
+                                      cold.anchors.sets[name].embeddings.numpy())
+    assert warm.tau == cold.tau == 0.05
+    assert warm.search({"row": 3, "k": 5})["results"] == cold.search({"row": 3, "k": 5})["results"]
+    build_demo_service(25, 0, enc, cache=tmp_path)  # other texts: another key
+    assert enc.calls == 2 * (24 + 18) + 1 and len(list(tmp_path.glob("scene-*.npz"))) == 2
+    files[0].write_bytes(b"not an npz")  # a corrupt file is recomputed and rewritten
+    build_demo_service(24, 0, enc, cache=tmp_path)
+    assert enc.calls == 3 * (24 + 18) + 1
+    build_demo_service(24, 0, enc, cache=tmp_path)
+    assert enc.calls == 3 * (24 + 18) + 1

@@ -1,12 +1,14 @@
 """The web page of ``anchordiv serve`` in Debian's Chromium, driven by Playwright.
 
-The page runs a query, the mixture slider moves (by keyboard and by value), a result is
-clicked, and side-by-side mode shows three contexts; every neighbour list on screen is
-compared with the API's answer for the same request. Set ``ANCHORDIV_SCREENSHOT=PATH``
+The page starts at the service's default context, runs a query, the mixture slider moves
+(by keyboard and by value), a result is clicked (a query by its id), and side-by-side mode
+shows three contexts; every neighbour list on screen is compared with the API's answer for
+the same context name. Set ``ANCHORDIV_SCREENSHOT=PATH``
 to keep a screenshot of the side-by-side view.
 """
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -78,22 +80,39 @@ def wait_ready(pg, n_columns=1):
 
 
 def shown(pg):
-    """Per column: model, context and the ids and texts of its cards, as on screen."""
+    """Per column: its context name and the ids and texts of its cards, as on screen."""
     return pg.eval_on_selector_all(".column", """cols => cols.map(c => ({
-        model: c.dataset.model, context: c.dataset.context,
-        ids: [...c.querySelectorAll('.card')].map(b => Number(b.dataset.id)),
+        context: c.dataset.context, title: c.querySelector('h2').textContent,
+        ids: [...c.querySelectorAll('.card')].map(b => b.dataset.id),
         texts: [...c.querySelectorAll('.card .text')].map(p => p.textContent),
         why: (c.querySelector('.why') || {}).textContent || ''}))""")
 
 
+def query_of(pg):
+    """The query fields the page sends, e.g. {"text": ...} or {"id": ...}."""
+    return json.loads(pg.get_attribute("#query-text", "data-query"))
+
+
 def check_against_api(server, column, query, k=12):
-    body = {**query, "model": column["model"], "k": k}
-    if column["context"]:
-        body["context"] = column["context"]
-    data = api(server, body)
-    assert column["ids"] == [h["id"] for h in data["results"]]
+    data = api(server, {**query, "context": column["context"], "k": k})
+    assert data["context"]["name"] == column["context"] == column["title"]
+    assert column["ids"] == [str(h["id"]) for h in data["results"]]
     assert column["texts"] == [h["text"] for h in data["results"]]
     return data
+
+
+def test_page_starts_at_the_default_context(page, server):
+    with httpx.Client(base_url=server.url) as c:
+        default = c.get("/api/contexts").json()["default"]
+        assert c.get("/indices-list").json()[0] == default["name"] == "softmax:breeds"
+        no_context = c.post("/api/search", json={"text": QUERY, "k": 12}).json()
+    page.fill("#q", QUERY)
+    page.press("#q", "Enter")
+    wait_ready(page)
+    col = shown(page)[0]
+    assert col["context"] == default["name"] == no_context["context"]["name"]
+    assert col["ids"] == [str(h["id"]) for h in no_context["results"]]
+    assert page.text_content("#mix-out") == "breeds 1 · places 0"  # the slider starts at breeds alone
 
 
 def test_controls_are_labelled_and_keyboard_reachable(page):
@@ -105,24 +124,25 @@ def test_controls_are_labelled_and_keyboard_reachable(page):
     page.keyboard.type("a corgi")
     page.keyboard.press("Enter")
     wait_ready(page)
-    page.focus(".card")  # result cards are buttons: Enter makes one the query
+    page.focus(".card")  # result cards are buttons: Enter makes one the query, by its id
     first = shown(page)[0]["ids"][0]
     page.keyboard.press("Enter")
-    page.wait_for_function("id => document.getElementById('query-text').textContent.includes('item #' + id)",
+    page.wait_for_function("id => document.getElementById('query-text').textContent.includes('item ' + id)",
                            arg=first)
     wait_ready(page)
-    assert first not in shown(page)[0]["ids"]
+    assert query_of(page) == {"id": int(first)} and first not in shown(page)[0]["ids"]
 
 
 def test_query_and_mixture_slider_match_the_api(page, server):
     page.select_option("#model", "softmax")
     page.select_option("#set-a", "breeds")
     page.select_option("#set-b", "places")
+    page.fill("#mix", "0.5")
     page.fill("#q", QUERY)
     page.click("#search-button")
     wait_ready(page)
     col = shown(page)[0]
-    assert col["context"] == "breeds:0.5,places:0.5"
+    assert col["context"] == "softmax:breeds:0.5,places:0.5"
     data = check_against_api(server, col, {"text": QUERY})
     assert "Why:" in col["why"] and data["why"][0]["anchor"] in col["why"]
     seen = {0.5: col["ids"]}
@@ -130,12 +150,12 @@ def test_query_and_mixture_slider_match_the_api(page, server):
     page.focus("#mix")
     page.keyboard.press("ArrowLeft")
     page.keyboard.press("ArrowLeft")
-    page.wait_for_function("document.querySelector('.column').dataset.context === 'breeds:0.4,places:0.6'")
+    page.wait_for_function("document.querySelector('.column').dataset.context === 'softmax:breeds:0.4,places:0.6'")
     wait_ready(page)
     assert page.text_content("#mix-out") == "breeds 0.4 · places 0.6"
     col = shown(page)[0]
     check_against_api(server, col, {"text": QUERY})
-    for p, context in ((1, "breeds"), (0, "places"), (0.8, "breeds:0.8,places:0.2")):
+    for p, context in ((1, "softmax:breeds"), (0, "softmax:places"), (0.8, "softmax:breeds:0.8,places:0.2")):
         page.fill("#mix", str(p))
         page.wait_for_function("c => document.querySelector('.column').dataset.context === c", arg=context)
         wait_ready(page)
@@ -145,9 +165,9 @@ def test_query_and_mixture_slider_match_the_api(page, server):
     assert seen[1] != seen[0] and seen[0.5] != seen[1] and seen[0.5] != seen[0]
     # breeds alone: every neighbour is a husky; places alone: every neighbour is on a beach
     meta = {h["id"]: h["labels"] for h in api(server, {"text": QUERY, "context": "breeds", "k": 12})["results"]}
-    assert {meta[i]["breed"] for i in seen[1]} == {"husky"}
+    assert {meta[int(i)]["breed"] for i in seen[1]} == {"husky"}
     beach = api(server, {"text": QUERY, "context": "places", "k": 12})["results"]
-    assert {h["labels"]["place"] for h in beach} == {"beach"} and [h["id"] for h in beach] == seen[0]
+    assert {h["labels"]["place"] for h in beach} == {"beach"} and [str(h["id"]) for h in beach] == seen[0]
 
 
 def test_side_by_side_columns_differ_and_match_the_api(page, server):
@@ -157,23 +177,24 @@ def test_side_by_side_columns_differ_and_match_the_api(page, server):
     page.check("#side")
     wait_ready(page, 3)
     cols = shown(page)
-    assert [c["context"] for c in cols] == ["breeds", "places", "clothing"]
+    assert [c["context"] for c in cols] == ["softmax:breeds", "softmax:places", "softmax:clothing"]
     for c in cols:
         check_against_api(server, c, {"text": QUERY})
     assert len({tuple(c["ids"]) for c in cols}) == 3
     assert len(set(cols[0]["ids"]) & set(cols[1]["ids"])) < 6
     # chips: under breeds every card is a husky, and the query's own labels are highlighted for a row query
-    page.click(".column[data-context=clothing] .card")
+    page.click(".column[data-context='softmax:clothing'] .card")
     wait_ready(page, 3)
-    chips = page.eval_on_selector_all(".column[data-context=clothing] .chip.match", "els => els.length")
+    chips = page.eval_on_selector_all(".column[data-context='softmax:clothing'] .chip.match", "els => els.length")
     assert chips >= 12  # every neighbour shares the query's clothing
     page.select_option("#col-1", "cosine")
     wait_ready(page, 3)
     cols = shown(page)
-    assert cols[1]["model"] == "cosine" and cols[1]["context"] == ""
-    query = int(page.text_content("#query-text").split("#")[1].split(":")[0])
+    assert cols[1]["context"] == "cosine"
+    query = query_of(page)
+    assert list(query) == ["id"]
     for c in cols:
-        check_against_api(server, c, {"row": query})
+        check_against_api(server, c, query)
     target = os.environ.get("ANCHORDIV_SCREENSHOT")
     if target:
         page.screenshot(path=target, full_page=True)
@@ -202,7 +223,8 @@ def test_strings_from_data_are_shown_as_text(browser):
     enc = _TextStub()
     texts = [f"{evil} item {i}" if i % 2 else f"<b>bold</b> item {i}" for i in range(20)]
     X = enc.encode_text(texts)
-    meta = pd.DataFrame({"caption": texts, "label": [evil if i % 3 else "<i>x</i>" for i in range(20)]})
+    meta = pd.DataFrame({"id": [f"<b>{i}</b>" for i in range(20)], "caption": texts,
+                         "label": [evil if i % 3 else "<i>x</i>" for i in range(20)]})
     sets = {"evil": ad.AnchorSet(enc.encode_text(["a", "b"]), texts=[evil, "<script>window.__pwned=2</script>"])}
     svc = Service(Collection(X, metadata=meta, kind="text", tau=0.05, encoder="stub", path="<coll>"),
                   EmbeddedAnchors(path=Path("a.yaml"), sets=sets, mix={"evil": 1.0},
@@ -220,4 +242,12 @@ def test_strings_from_data_are_shown_as_text(browser):
         assert pg.eval_on_selector_all("img, b, i, script:not([src])", "els => els.length") == 0
         assert evil in pg.text_content("#title") and evil in pg.text_content(".why")
         assert "&lt;img src=x" in pg.inner_html("#results")  # escaped by textContent
+        first = shown(pg)[0]["ids"][0]
+        pg.click(".card")  # a query by a string id, which the page shows as text
+        pg.wait_for_function("id => document.getElementById('query-text').textContent.includes('item ' + id)",
+                             arg=first)
+        wait_ready(pg)
+        assert query_of(pg) == {"id": first} and first not in shown(pg)[0]["ids"]
+        assert pg.evaluate("window.__pwned") is None
+        assert pg.eval_on_selector_all("img, b, i, script:not([src])", "els => els.length") == 0
         pg.close()

@@ -180,9 +180,10 @@ def cli_demo(out_dir: str, seed: int, k: int, n_queries: int, serve: bool, port:
     except FileNotFoundError as exc:
         raise click.ClickException(str(exc)) from None
     if serve:
-        from .serve.cli import _check_deps, run_service
+        from .serve.cli import DEFAULT_HOST, _check_deps, bind_port, run_service
 
         _check_deps()
+        sock = bind_port(DEFAULT_HOST, port)  # a busy port fails before the embedding
         click.echo("Embedding the held-out emoji pictures and the anchor sets ...")
-        return run_service(build_image_demo_service(seed=seed), port=port)
+        return run_service(build_image_demo_service(seed=seed), port=port, sock=sock)
     run_image_demo(out_dir=out_dir, k=k, n_queries=n_queries, seed=seed, echo=click.echo)

@@ -27,11 +27,8 @@ MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
 
 
-def default_folder() -> Path:
-    """The committed emoji CLIP: ``anchordiv/data/emoji_clip``."""
-    from ..emoji import CLIP_DIR
-
-    return CLIP_DIR
+#: The committed emoji CLIP (``anchordiv.emoji.CLIP_DIR``).
+COMMITTED_FOLDER = Path(__file__).resolve().parent.parent / "data" / "emoji_clip"
 
 
 def read_checkpoint(folder: Path, spec: str) -> tuple[dict, dict]:
@@ -133,7 +130,7 @@ class EmojiCLIPEncoder(Encoder):
         from ._sentence import minilm_path
 
         transformers = require("transformers", "transformers", f"encoder spec {spec!r}")
-        path = Path(folder).expanduser() if folder else default_folder()
+        path = Path(folder).expanduser() if folder else COMMITTED_FOLDER
         config, state = read_checkpoint(path, spec)
         text = config["text_cfg"]
         name = text.get("hf_model_name", "minilm")

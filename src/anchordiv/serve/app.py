@@ -3,16 +3,17 @@
 Endpoints
 ---------
 ``GET /``                      the web page (static files shipped in the package)
-``GET /api/contexts``          anchor sets, geometries and parameters, collection info
+``GET /api/contexts``          anchor sets, geometries, the default context, context names, collection info
 ``POST /api/search``           neighbours of a query under a context (JSON, or multipart with ``image``)
-``GET /api/items/{id}``        one item (``id`` = row number)
+``GET /api/items/{id}``        one item by id (the ``id`` column's value)
 ``GET /api/thumb/{id}``        JPEG thumbnail of the item's own image file
 ``GET /api/health``            ``{"status": "ok", "cache": {...}}``
-``GET /indices-list``          clip-retrieval: index names
+``GET /indices-list``          clip-retrieval: context names, the default first
 ``POST /knn-service``          clip-retrieval: ``[{"id", "similarity", **metadata}]``
 ``POST /metadata``             clip-retrieval: ``[{"id", "metadata"}]``
 
-Errors are JSON ``{"error": "FIELD: message", "field": "FIELD"}`` with a 4xx status.
+Errors are JSON ``{"error": "FIELD: message", "field": "FIELD"}`` with a 4xx status. Urls
+in answers are absolute, under the request's base url.
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited, send)
+
+
+def _base(request: Request) -> str:
+    """The request's base url without the trailing slash, e.g. ``http://127.0.0.1:8000``."""
+    return str(request.base_url).rstrip("/")
 
 
 async def _send_json(send: Any, status: int, payload: dict) -> None:
@@ -186,24 +192,24 @@ def create_app(service: Service, *, loopback_only: bool = True, cors_origins: li
                 else:
                     raise FieldError(key, "must be a plain form field")
             await form.close()
-            return await run_in_threadpool(service.search, data, image, True)
+            return await run_in_threadpool(service.search, data, image, True, _base(request))
         if ctype and not ctype.startswith("application/json"):
             raise FieldError("body", "send JSON (application/json) or multipart/form-data", 415)
         data = await _json(request)
         if "image" in data:
             raise FieldError("image", "upload images as multipart/form-data")
-        return await run_in_threadpool(service.search, data)
+        return await run_in_threadpool(service.search, data, None, False, _base(request))
 
     def _row(id: str) -> int:
-        if not id.isdigit() or len(id) > 12:
-            raise FieldError("id", f"must be a row number, got {id!r}", 404)
-        return service.check_row(int(id), "id")
+        if len(id) > v.MAX_TEXT:
+            raise FieldError("id", f"is longer than {v.MAX_TEXT} characters", 404)
+        return service.find_row(id, "id")
 
-    @app.get("/api/items/{id}")
-    def item(id: str) -> dict:
-        return service.item(_row(id))
+    @app.get("/api/items/{id:path}")
+    def item(id: str, request: Request) -> dict:
+        return service.item(_row(id), _base(request))
 
-    @app.get("/api/thumb/{id}")
+    @app.get("/api/thumb/{id:path}")
     def thumb(id: str) -> Response:
         return Response(service.thumbnail(_row(id)), media_type="image/jpeg",
                         headers={"Cache-Control": "max-age=3600"})
@@ -215,10 +221,10 @@ def create_app(service: Service, *, loopback_only: bool = True, cors_origins: li
 
     @app.post("/knn-service")
     async def knn_service(request: Request) -> list:
-        return await run_in_threadpool(service.knn_service, await _json(request))
+        return await run_in_threadpool(service.knn_service, await _json(request), _base(request))
 
     @app.post("/metadata")
     async def metadata(request: Request) -> list:
-        return await run_in_threadpool(service.metadata, await _json(request))
+        return await run_in_threadpool(service.metadata, await _json(request), _base(request))
 
     return app

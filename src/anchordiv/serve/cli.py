@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .server import DEFAULT_HOST, is_loopback
+from .server import DEFAULT_HOST, PortError, bind, is_loopback
 
 
 def _check_deps() -> None:
@@ -21,18 +21,31 @@ def _check_deps() -> None:
         raise click.ClickException(f"serving needs {exc.name}: pip install 'anchordiv[serve]'") from None
 
 
+def bind_port(host: str, port: int) -> Any:
+    """The bound socket, or a one-line :class:`click.ClickException` (a busy port, say)."""
+    try:
+        return bind(host, port)
+    except PortError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def run_service(service: Any, host: str = DEFAULT_HOST, port: int = 8000, cors_origins: list[str] | None = None,
-                echo: Any = click.echo) -> None:
-    """Serve ``service`` on ``host:port`` until interrupted."""
+                echo: Any = click.echo, sock: Any = None, on_started: Any = None) -> None:
+    """Serve ``service`` on ``host:port`` (or the socket ``sock`` from :func:`bind_port`) until interrupted.
+
+    The port is bound before anything says it is served: a busy port is a one-line error.
+    ``on_started`` runs in a background thread once the server accepts connections.
+    """
     from .app import create_app
     from .server import serve
 
+    sock = bind_port(host, port) if sock is None else sock
     if not is_loopback(host):
         warnings.warn(f"binding {host}: the service is reachable from other machines and has no authentication")
     app = create_app(service, loopback_only=is_loopback(host), cors_origins=cors_origins)
     shown = f"[{host}]" if ":" in host else host
     echo(f"Serving {service.title} on http://{shown}:{port}/ (Ctrl-C to stop)")
-    serve(app, host=host, port=port)
+    serve(app, host=host, port=port, sock=sock, on_started=on_started)
     echo("Stopped.")
 
 
@@ -56,7 +69,11 @@ def _index_option(value: str) -> tuple[str, str]:
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="TCP port.")
 @click.option("--encoder", default=None, metavar="SPEC",
               help="Encoder for text/image queries and anchors; default: the collection's.")
-@click.option("--model", "default_model", default="softmax", show_default=True, help="Default geometry.")
+@click.option("--model", "default_model", default="softmax", show_default=True,
+              help="Geometry of the default context.")
+@click.option("--context", "default_context", default=None, metavar="SETS",
+              help="Anchor sets of the default context, e.g. 'style' or 'object:0.7,style:0.3' (at most two); "
+                   "default: the file's first set.")
 @click.option("--tau", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Default temperature; default from the collection's manifest, else the encoder.")
 @click.option("--label", "label_columns", multiple=True, metavar="COLUMN",
@@ -66,24 +83,26 @@ def _index_option(value: str) -> tuple[str, str]:
 @click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
               help="Allow a browser page from ORIGIN (e.g. a clip-retrieval front end) to call the API (repeatable).")
 @click.option("--device", default=None, help="Torch device of the encoder.")
-def serve_command(collection, anchors_file, index_specs, host, port, encoder, default_model, tau, label_columns,
-                  cache_mb, cors_origins, device) -> None:
+def serve_command(collection, anchors_file, index_specs, host, port, encoder, default_model, default_context, tau,
+                  label_columns, cache_mb, cors_origins, device) -> None:
     """Serve COLLECTION: a web page where anchors steer similarity, and a JSON API.
 
     The page (at /) searches by text, by item (click a result) or by an uploaded image
     (image encoders), under any geometry and any mixture of the anchor sets, and shows
     two or three contexts side by side. The API: GET /api/contexts, POST /api/search,
-    GET /api/items/ID, GET /api/thumb/ID; clip-retrieval's GET /indices-list,
-    POST /knn-service and POST /metadata. Binds 127.0.0.1 unless --host says otherwise.
+    GET /api/items/ID, GET /api/thumb/ID (ID: the collection's 'id' column, else the row
+    number); clip-retrieval's GET /indices-list, POST /knn-service and POST /metadata.
+    Binds 127.0.0.1 unless --host says otherwise.
 
     Example:
 
     \b
       anchordiv serve coll/ --anchors anchors.yaml --port 8000
       curl -s localhost:8000/api/search -H 'Content-Type: application/json' \\
-          -d '{"text": "a red car", "context": "object:0.7,style:0.3", "model": "softmax", "k": 5}'
+          -d '{"text": "a red car", "context": "softmax:object:0.7,style:0.3", "k": 5}'
     """
     _check_deps()
+    sock = bind_port(host, port)
     from ..anchorsfile import embed_anchors
     from ..encoders import LazyEncoder
     from ..index import Index
@@ -108,16 +127,26 @@ def serve_command(collection, anchors_file, index_specs, host, port, encoder, de
         if name in indexes:
             raise click.BadParameter(f"two indexes are named {name!r}", param_hint="--index")
         indexes[name] = Index.load(path, device=device)
-    service = Service(coll, anchors, enc, indexes=indexes, tau=tau, default_model=default_model,
-                      label_columns=list(label_columns) or None, cache_bytes=cache_mb << 20)
-    run_service(service, host=host, port=port, cors_origins=list(cors_origins) or None)
+    try:
+        service = Service(coll, anchors, enc, indexes=indexes, tau=tau, default_model=default_model,
+                          default_context=default_context, label_columns=list(label_columns) or None,
+                          cache_bytes=cache_mb << 20)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    run_service(service, host=host, port=port, cors_origins=list(cors_origins) or None, sock=sock)
 
 
 def serve_demo(n: int = 360, seed: int = 0, encoder: Any = "minilm", host: str = DEFAULT_HOST,
                port: int = 8000) -> None:
-    """Build the scene demo's service and serve it (``anchordiv demo --serve``)."""
-    _check_deps()
-    from .demo import build_demo_service
+    """Build the scene demo's service and serve it (``anchordiv demo --serve``).
 
-    click.echo(f"Embedding {n} scene descriptions and the anchor sets ...")
-    run_service(build_demo_service(n=n, seed=seed, encoder=encoder), host=host, port=port)
+    The embeddings are cached in :func:`~anchordiv.serve.demo.demo_cache_dir`; with a warm
+    cache the encoder loads in a background thread once the server has started.
+    """
+    _check_deps()
+    from .demo import build_demo_service, demo_cache_dir
+
+    sock = bind_port(host, port)
+    service = build_demo_service(n=n, seed=seed, encoder=encoder, cache=demo_cache_dir(),
+                                 echo=lambda msg: click.echo(msg))
+    run_service(service, host=host, port=port, sock=sock, on_started=service.warm_up)

@@ -3,48 +3,108 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 #: Label columns of the demo collection.
 DEMO_LABELS = ["breed", "place", "clothing"]
+_CACHE_FORMAT = "anchordiv.serve-demo-embeddings"
+_CACHE_VERSION = 1
 
 
-def build_demo_service(n: int = 360, seed: int = 0, encoder: Any = "minilm", design: str = "prompt") -> Any:
+def demo_cache_dir() -> Path:
+    """Where ``anchordiv demo --serve`` caches its embeddings: ``~/.cache/anchordiv/serve-demo``."""
+    return Path.home() / ".cache" / "anchordiv" / "serve-demo"
+
+
+def _digest(encoder_name: str, texts: list[str], phrases: list[str]) -> str:
+    """sha256 of the encoder spec and every text embedded (the cache key)."""
+    blob = json.dumps({"format": _CACHE_FORMAT, "version": _CACHE_VERSION, "encoder": encoder_name,
+                       "texts": texts, "phrases": phrases}, ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def _read_cache(file: Path, digest: str) -> dict | None:
+    """The cached arrays when ``file`` holds embeddings for ``digest``, else None."""
+    if not file.is_file():
+        return None
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+        ok = str(data["format"]) == _CACHE_FORMAT and str(data["sha256"]) == digest
+    except Exception:  # a corrupt or foreign file is recomputed
+        return None
+    return data if ok else None
+
+
+def build_demo_service(n: int = 360, seed: int = 0, encoder: Any = "minilm", design: str = "prompt",
+                       cache: str | os.PathLike | None = None, echo: Callable[[str], Any] | None = None) -> Any:
     """A :class:`~anchordiv.serve.service.Service` over the scene demo collection.
 
     The ``n`` scene descriptions of :func:`anchordiv.demo.make_scene_collection` and the
     anchor sets of :func:`anchordiv.demo.scene_anchor_sets` (breeds, places, clothing),
-    embedded with ``encoder`` (a spec or a loaded encoder).
+    embedded with ``encoder`` (a spec or an encoder).
+
+    With ``cache`` (a folder), the embeddings and τ are kept in
+    ``cache/scene-ENCODER-SHA.npz``, keyed by sha256(encoder spec, texts, phrases) and written
+    atomically; a later call with the same key reads them and does not load the encoder
+    (a :class:`~anchordiv.encoders.LazyEncoder` loads it at the first text query).
     """
-    from ..anchorsfile import EmbeddedAnchors
+    from .._util import atomic_write
     from ..anchors import AnchorSet
+    from ..anchorsfile import EmbeddedAnchors, encoder_slug
     from ..demo import make_scene_collection, scene_anchor_sets
     from ..io import Collection
     from .service import Service
 
+    say = echo or (lambda msg: None)
     if isinstance(encoder, str):
-        from .. import encoders
+        from ..encoders import LazyEncoder
 
-        encoder = encoders.load(encoder)
+        encoder = LazyEncoder(encoder)
+    name = getattr(encoder, "name", None)
     texts, labels = make_scene_collection(n, seed)
-    X = np.asarray(encoder.encode_text(texts, progress=False), dtype=np.float32)
     phrases = scene_anchor_sets(design)
-    sets, flat = {}, [p for ps in phrases.values() for p in ps]
-    E = np.asarray(encoder.encode_text(flat, progress=False), dtype=np.float32)
-    start = 0
-    for name, ps in phrases.items():
-        sets[name] = AnchorSet(E[start:start + len(ps)], texts=ps)
+    flat = [p for ps in phrases.values() for p in ps]
+    data, file = None, None
+    if cache is not None and isinstance(name, str) and name:
+        digest = _digest(name, texts, flat)
+        file = Path(cache) / f"scene-{encoder_slug(name)}-{digest[:16]}.npz"
+        data = _read_cache(file, digest)
+    if data is not None:
+        say(f"Embeddings of {n} scene descriptions and the anchor sets from the cache {file}")
+        X, E, tau = data["X"], data["E"], float(data["tau"])
+    else:
+        say(f"Embedding {n} scene descriptions and the anchor sets ...")
+        X = np.asarray(encoder.encode_text(texts, progress=False), dtype=np.float32)
+        E = np.asarray(encoder.encode_text(flat, progress=False), dtype=np.float32)
+        tau = float(encoder.tau)
+        if file is not None:
+            arrays = {"format": np.array(_CACHE_FORMAT), "sha256": np.array(digest), "encoder": np.array(name),
+                      "X": X, "E": E, "tau": np.array(tau)}
+            try:
+                file.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(file, lambda fh: np.savez(fh, **arrays), advice="remove old files from the cache")
+                say(f"Cached them in {file}")
+            except OSError as exc:
+                warnings.warn(f"could not write the embedding cache {str(file)!r} ({exc}); continuing without it",
+                              stacklevel=2)
+    sets, start = {}, 0
+    for set_name, ps in phrases.items():
+        sets[set_name] = AnchorSet(E[start:start + len(ps)], texts=ps)
         start += len(ps)
-    tau = float(encoder.tau)
     meta = labels[DEMO_LABELS].copy()
     meta.insert(0, "text", texts)
-    coll = Collection(embeddings=X, metadata=meta, kind="text", tau=tau, encoder=getattr(encoder, "name", None),
+    coll = Collection(embeddings=X, metadata=meta, kind="text", tau=tau, encoder=name,
                       path=f"scene demo (n={n}, seed={seed})")
     anchors = EmbeddedAnchors(path=Path("scene-demo-anchors"), sets=sets, mix={k: 1.0 for k in sets},
-                              encoder=getattr(encoder, "name", "encoder"), tau=tau, n_phrases=len(flat))
+                              encoder=name or "encoder", tau=tau, n_phrases=len(flat))
     return Service(coll, anchors, encoder, label_columns=DEMO_LABELS, default_model="softmax",
                    title=f"anchordiv · scene demo ({n} descriptions)")
 

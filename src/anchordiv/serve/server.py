@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 #: Default bind address: loopback only.
 DEFAULT_HOST = "127.0.0.1"
@@ -29,6 +30,34 @@ def free_port(host: str = DEFAULT_HOST) -> int:
         return int(s.getsockname()[1])
 
 
+class PortError(OSError):
+    """The address cannot be bound; the message is one line that says why and what to do."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def bind(host: str = DEFAULT_HOST, port: int = 8000) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (as uvicorn binds it), or :class:`PortError`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]" if ":" in host else host
+        if exc.errno == errno.EADDRINUSE:
+            msg = f"port {port} on {shown} is already in use; stop what serves there or choose another with --port"
+        elif exc.errno == errno.EACCES:
+            msg = f"no permission to bind {shown}:{port}; choose a port above 1023 with --port"
+        else:
+            msg = f"cannot bind {shown}:{port} ({exc.strerror or exc}); check --host and --port"
+        raise PortError(exc.errno, msg) from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def _config(app: Any, host: str, port: int, log_level: str) -> Any:
     import uvicorn
 
@@ -36,12 +65,24 @@ def _config(app: Any, host: str, port: int, log_level: str) -> Any:
                           limit_concurrency=256, timeout_keep_alive=5, timeout_graceful_shutdown=5)
 
 
-def serve(app: Any, host: str = DEFAULT_HOST, port: int = 8000, log_level: str = "warning") -> None:
-    """Serve ``app`` until interrupted; Ctrl-C (SIGINT) or SIGTERM finish open requests and close the port."""
+def serve(app: Any, host: str = DEFAULT_HOST, port: int = 8000, log_level: str = "warning",
+          sock: socket.socket | None = None, on_started: Callable[[], Any] | None = None) -> None:
+    """Serve ``app`` until interrupted; Ctrl-C (SIGINT) or SIGTERM finish open requests and close the port.
+
+    ``sock``: a socket from :func:`bind` (else one is bound here, raising :class:`PortError`);
+    ``on_started``: called in a background thread once the server accepts connections.
+    """
     import uvicorn
 
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list | None = None) -> None:
+            await super().startup(sockets)
+            if on_started is not None and not self.should_exit:
+                threading.Thread(target=on_started, name="on-started", daemon=True).start()
+
+    sock = bind(host, port) if sock is None else sock
     try:
-        uvicorn.Server(_config(app, host, port, log_level)).run()
+        Server(_config(app, host, port, log_level)).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, after a clean shutdown
         pass
 

@@ -7,13 +7,22 @@ feature map φ(q) and one top-k over ψ (:func:`anchordiv.exact.knn`), the same
 computation as ``model.search``. Saved indexes (``--index``) are searched with
 :meth:`anchordiv.Index.search`.
 
-``similarity`` in results is ``1 − distance``: monotone (higher is closer), and for the
-``cosine`` geometry exactly the cosine similarity that clip-retrieval reports.
+Words of the API:
+
+* ``id``: the item's value in the collection's ``id`` column (the row number when the
+  collection has no ``id`` column); ``row``: its 0-based position in the collection.
+* a context's *name*: ``MODEL:ANCHORS`` (``softmax:breeds``, ``softmax:breeds:0.7,places:0.3``),
+  ``MODEL`` for a geometry without anchors (``cosine``), ``index:NAME`` for a saved index.
+  ``/indices-list`` lists such names, and ``/api/search`` and ``/knn-service`` accept them.
+* ``similarity`` (higher is closer, a monotone function of the distance d):
+  ``cos(q, g) = 1 − d`` for ``cosine``; ``−d = γ*ᵀg`` (the cosine to the query's proxy
+  anchor) for ``iti``; ``exp(−d)`` in (0, 1] for the anchor divergences (d ≥ 0).
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
 import threading
 import time
@@ -21,6 +30,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import torch
@@ -52,6 +62,35 @@ SEARCH_FIELDS = {"text", "row", "id", "embedding", "image", "model", "context", 
                  "index", "symmetric", "include_self"}
 #: Thumbnail size in pixels.
 THUMB_PX = 256
+#: ``similarity`` per kind of geometry, as ``GET /api/contexts`` states it.
+SIMILARITY = {"cosine": "cos(q, g) = 1 - distance, in [-1, 1]",
+              "iti": "-distance = the cosine to the query's proxy anchor, in [-1, 1]",
+              "divergence": "exp(-distance), in (0, 1] (softmax, gaussian, gmm, latent_*)"}
+
+
+def similarity_kind(model: Any) -> str:
+    """``"divergence"`` for an anchor model, ``"cosine"`` for cosine, else ``"iti"``."""
+    if type(model).tags().anchor_model:
+        return "divergence"
+    return "cosine" if isinstance(model, registry()["cosine"]) else "iti"
+
+
+def similarity(kind: str, distance: float) -> float:
+    """Similarity from a distance d: exp(−max(d, 0)) for a divergence, 1 − d for cosine, −d for iti."""
+    if kind == "divergence":
+        return math.exp(-max(distance, 0.0))
+    if kind == "cosine":
+        return min(1.0, max(-1.0, 1.0 - distance))
+    return min(1.0, max(-1.0, -distance))
+
+
+def anchors_spec(selection: tuple[tuple[str, float], ...]) -> str | None:
+    """``breeds`` for one set, ``breeds:0.7,places:0.3`` for several, None for none."""
+    if not selection:
+        return None
+    if len(selection) == 1:
+        return selection[0][0]
+    return ",".join(f"{n}:{p:g}" for n, p in selection)
 
 
 @dataclass(frozen=True)
@@ -67,11 +106,7 @@ class ContextKey:
     @property
     def anchors(self) -> str | None:
         """The canonical anchors spec, e.g. ``breeds`` or ``breeds:0.7,places:0.3``."""
-        if not self.selection:
-            return None
-        if len(self.selection) == 1:
-            return self.selection[0][0]
-        return ",".join(f"{n}:{p:g}" for n, p in self.selection)
+        return anchors_spec(self.selection)
 
     @property
     def name(self) -> str:
@@ -112,7 +147,11 @@ class Service:
     tau : float, optional
         Default temperature (else the collection's, the anchors', the encoder's).
     default_model : str
-        Geometry used when a request names none.
+        Geometry of the default context.
+    default_context : str, optional
+        Anchor sets of the default context (``breeds`` or ``breeds:0.7,places:0.3``, at most
+        two sets); default: the first set. The default context (``default_model:default_context``)
+        answers a request that names no context, and is the page's initial context.
     label_columns : list of str, optional
         Metadata columns shown as label chips (default: ``label``, else the columns with
         at most 50 distinct values).
@@ -126,8 +165,9 @@ class Service:
     """
 
     def __init__(self, collection: Any, anchors: Any = None, encoder: Any = None, *, indexes: dict | None = None,
-                 tau: float | None = None, default_model: str = "softmax", label_columns: list[str] | None = None,
-                 cache_bytes: int = 1 << 30, title: str | None = None, root: str | os.PathLike | None = None):
+                 tau: float | None = None, default_model: str = "softmax", default_context: str | None = None,
+                 label_columns: list[str] | None = None, cache_bytes: int = 1 << 30, title: str | None = None,
+                 root: str | os.PathLike | None = None):
         self.collection = collection
         self.anchors = anchors
         self.encoder = encoder
@@ -137,6 +177,8 @@ class Service:
         self.meta = collection.metadata
         self.columns = [] if self.meta is None else [str(c) for c in self.meta.columns]
         self._values = {c: self.meta[c].tolist() for c in self.columns} if self.meta is not None else {}
+        self._ids = ([json_scalar(x) for x in self._values["id"]] if "id" in self.columns
+                     else list(range(self.n)))
         self.item_column = getattr(collection, "item_column", None) or next(
             (c for c in ITEM_COLUMNS if c in self.columns), None)
         self.has_images = collection.kind == "image" and "image_path" in self.columns
@@ -164,7 +206,24 @@ class Service:
         self._texts = ByteLRU(16 << 20)
         self._filters = ByteLRU(64 << 20)
         self._encode_lock = threading.Lock()  # tokenizers are not safe under concurrent calls
-        self._id_rows: dict[str, int] | None = None
+        self._image_queries: bool | None = None
+        self._id_rows: dict[str, list[int]] | None = None
+        self.default_anchors = None
+        if anchors is not None:
+            try:
+                sel = self._selection(default_context or next(iter(anchors.sets)))
+            except FieldError as exc:
+                raise ValueError(f"default_context: {exc.message}") from None
+            if len(sel) > 2:
+                raise ValueError(f"default_context: {default_context!r} mixes {len(sel)} sets; the page mixes at "
+                                 "most two, so give one or two sets")
+            self.default_anchors = anchors_spec(sel)
+        elif default_context:
+            raise ValueError("default_context: the service has no anchors")
+        try:
+            self.default_key = self.context_key(default_model)
+        except FieldError as exc:
+            raise ValueError(str(exc)) from None
 
     # ------------------------------------------------------------------ info
     def _labels(self, given: list[str] | None) -> list[str]:
@@ -190,18 +249,34 @@ class Service:
 
     @property
     def image_queries(self) -> bool:
-        return self.encoder is not None and bool(getattr(self.encoder, "has_images", False))
+        if self.encoder is None:
+            return False
+        if self._image_queries is None:
+            with self._encode_lock:  # a lazy encoder loads here: once, and not while another thread encodes
+                self._image_queries = bool(getattr(self.encoder, "has_images", False))
+        return self._image_queries
+
+    def warm_up(self) -> None:
+        """Load a lazy encoder now (e.g. in a background thread while the server starts); a failure
+        is left for the first query to report."""
+        try:
+            _ = self.image_queries
+        except Exception:
+            pass
 
     def set_names(self) -> list[str]:
         return [] if self.anchors is None else list(self.anchors.sets)
 
     def indices_list(self) -> list[str]:
-        """clip-retrieval index names: ``cosine``, ``MODEL:SET`` for every anchor model and set, saved indexes."""
+        """Context names (clip-retrieval's index names): the default context first, then ``cosine``,
+        ``MODEL:SET`` for every anchor model and set, and ``index:NAME`` for every saved index."""
         names = [m for m in registry() if m not in ANCHOR_MODELS]
         for m in registry():
             if m in ANCHOR_MODELS:
                 names += [f"{m}:{s}" for s in self.set_names()]
-        return names + [f"index:{n}" for n in self.indexes]
+        names += [f"index:{n}" for n in self.indexes]
+        default = self.default_key.name
+        return [default] + [n for n in names if n != default]
 
     def info(self) -> dict:
         """What ``GET /api/contexts`` returns."""
@@ -233,11 +308,12 @@ class Service:
             "models": models,
             "indexes": [{"name": n, "backend": i.backend, "model": type(i.model).__name__, "n": len(i)}
                         for n, i in self.indexes.items()],
-            "defaults": {"model": self.default_model, "k": 12, "tau": self.tau,
-                         "context": self.set_names()[0] if self.set_names() else None},
+            "default": {"name": self.default_key.name, "model": self.default_key.model,
+                        "anchors": self.default_key.anchors, "tau": self.tau, "k": 12},
+            "names": self.indices_list(),
             "limits": {"max_k": v.MAX_K, "max_text": v.MAX_TEXT, "max_context": v.MAX_CONTEXT,
                        "max_image_bytes": v.MAX_IMAGE_BYTES},
-            "similarity": "1 - distance (for cosine: the cosine similarity)",
+            "similarity": dict(SIMILARITY),
         }
 
     # -------------------------------------------------------------- contexts
@@ -254,10 +330,48 @@ class Service:
         total = sum(props)
         return tuple((n, round(p / total, 6)) for n, p in zip(names, props) if p > 0)
 
+    def parse_context(self, context: str | None,
+                      model: str | None = None) -> tuple[str | None, str | None, str | None]:
+        """``(model, anchors, index)`` of a request's ``context`` and ``model`` fields.
+
+        ``context`` is a context name (``MODEL``, ``MODEL:ANCHORS``, ``index:NAME``: what
+        ``/indices-list`` gives), or anchor sets alone (``breeds:0.7,places:0.3``) for the
+        geometry ``model``. Without a context: the default context, or ``model`` with the
+        default context's anchors.
+        """
+        sets = set(self.set_names())
+        text = (context or "").strip()
+        head, colon, rest = text.partition(":")
+        if text and head not in sets and (head in registry() or head == "index"):
+            if head == "index":
+                if model is not None:
+                    raise FieldError("model", f"cannot be combined with the context {context!r} "
+                                              "(the index holds its model)")
+                if not rest.strip():
+                    raise FieldError("context", "'index:' names no index; write index:NAME")
+                return None, None, rest
+            if model is not None and model != head:
+                raise FieldError("model", f"{model!r} contradicts the context {context!r}, which names the "
+                                          f"geometry {head!r}; give the geometry once")
+            if head in ANCHOR_MODELS and not rest.strip():
+                raise FieldError("context", f"{context!r} names no anchors; write {head}:SETS, "
+                                            f"e.g. {head}:{self.default_anchors or 'SET'}")
+            if head not in ANCHOR_MODELS and colon:
+                raise FieldError("context", f"the geometry {head!r} takes no anchors; write {head!r}")
+            return head, rest or None, None
+        if model is None:
+            model = self.default_model if text else self.default_key.model
+        if text and model in registry() and model not in ANCHOR_MODELS:
+            raise FieldError("context", f"the geometry {model!r} takes no anchors; leave context out, "
+                                        f"or name another geometry")
+        return model, (text or self.default_anchors) if model in ANCHOR_MODELS else None, None
+
     def context_key(self, model: str | None = None, context: str | None = None, tau: float | None = None,
                     params: dict | None = None, symmetric: bool = True) -> ContextKey:
-        """Validate and canonicalize a context."""
-        model = self.default_model if model is None else model
+        """Validate and canonicalize a context (``context`` as in :meth:`parse_context`, not an index)."""
+        model, context, index = self.parse_context(context, model)
+        if index is not None:
+            raise FieldError("context", f"index:{index} is an index, not a geometry")
         if model not in registry():
             raise FieldError("model", f"unknown geometry {model!r}; choose from {', '.join(registry())}")
         selection = self._selection(context) if model in ANCHOR_MODELS else ()
@@ -348,20 +462,28 @@ class Service:
         with self._encode_lock:
             return self._checked(enc.encode_images([im])[0], "image")
 
+    def item_id(self, row: int) -> Any:
+        """The id of row ``row``: its ``id`` column value, or the row number without that column."""
+        return self._ids[row]
+
     def find_row(self, value: Any, field: str = "id") -> int:
-        """A row number from a value of the ``id`` column, else from a row number."""
-        if "id" in self.columns:
-            if self._id_rows is None:
-                self._id_rows = {}
-                for r, x in enumerate(self._values["id"]):
-                    self._id_rows.setdefault(str(x), r)
-            if str(value) in self._id_rows:
-                return self._id_rows[str(value)]
-        try:
-            row = int(str(value))
-        except ValueError:
-            raise FieldError(field, f"{value!r} is neither a value of the 'id' column nor a row number", 404) from None
-        return self.check_row(row, field)
+        """The row of the item whose id is ``value`` (an int or a string; ``"15"`` finds id 15)."""
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise FieldError(field, f"must be an item id (an integer or a string), got {value!r}")
+        if self._id_rows is None:
+            table: dict[str, list[int]] = {}
+            for r, x in enumerate(self._ids):
+                table.setdefault(str(x), []).append(r)
+            self._id_rows = table
+        rows = self._id_rows.get(str(value), [])
+        if not rows:
+            where = ("the collection's 'id' column" if "id" in self.columns else
+                     f"this collection (it has no 'id' column, so ids are row numbers 0..{self.n - 1})")
+            raise FieldError(field, f"no item has id {value!r} in {where}; to give a row number, use row", 404)
+        if len(rows) > 1:
+            raise FieldError(field, f"id {value!r} appears {len(rows)} times in the 'id' column (rows "
+                                    f"{rows[:5]}); query one of them by row")
+        return rows[0]
 
     def check_row(self, row: Any, field: str = "row") -> int:
         if isinstance(row, bool) or not isinstance(row, int):
@@ -388,7 +510,8 @@ class Service:
             vec = np.asarray(v.embedding(data["embedding"], self.dim), dtype=np.float32)
             return vec, {"kind": "embedding"}, None
         row = self.check_row(data["row"]) if kind == "row" else self.find_row(data["id"])
-        info = {"kind": kind, "row": row, "text": self.item_text(row), "labels": self.labels_of(row)}
+        info = {"kind": kind, "id": self.item_id(row), "row": row, "text": self.item_text(row),
+                "labels": self.labels_of(row)}
         return self.G[row].numpy().copy(), info, row
 
     # ----------------------------------------------------------------- items
@@ -402,11 +525,15 @@ class Service:
     def labels_of(self, row: int) -> dict:
         return {c: json_scalar(self._values[c][row]) for c in self.label_columns}
 
-    def item(self, row: int) -> dict:
+    def thumb_url(self, row: int, base: str = "") -> str | None:
+        """``BASE/api/thumb/ID`` of an image row (absolute when the request's ``base`` url is known)."""
+        return f"{base.rstrip('/')}/api/thumb/{quote(str(self.item_id(row)), safe='')}" if self.has_images else None
+
+    def item(self, row: int, base: str = "") -> dict:
         """What ``GET /api/items/{id}`` returns."""
-        return {"id": row, "text": self.item_text(row), "labels": self.labels_of(row),
+        return {"id": self.item_id(row), "row": row, "text": self.item_text(row), "labels": self.labels_of(row),
                 "metadata": {c: json_scalar(self._values[c][row]) for c in self.columns if c != "image_path"},
-                "thumbnail": f"/api/thumb/{row}" if self.has_images else None}
+                "thumbnail": self.thumb_url(row, base)}
 
     def _image_file(self, row: int) -> Path | None:
         raw = self._values["image_path"][row]
@@ -423,16 +550,17 @@ class Service:
 
         if not self.has_images:
             raise FieldError("id", "this collection holds no images", 404)
-        row = self.check_row(row, "id")
+        row = self.check_row(row, "row")
+        item = self.item_id(row)
 
         def build():
             path = self._image_file(row)
             if path is None:
-                raise FieldError("id", f"item {row} has no image file", 404)
+                raise FieldError("id", f"item {item!r} has no image file", 404)
             try:
                 im = _thumbnail(os.fspath(path), THUMB_PX)
             except _Skip as exc:
-                raise FieldError("id", f"the image of item {row} cannot be shown ({exc.reason})", 404) from None
+                raise FieldError("id", f"the image of item {item!r} cannot be shown ({exc.reason})", 404) from None
             buf = io.BytesIO()
             im.save(buf, format="JPEG", quality=85)
             return buf.getvalue(), len(buf.getvalue())
@@ -501,12 +629,14 @@ class Service:
         return [{"anchor": A.texts[i], "set": ctx.anchor_sets[i] if ctx.anchor_sets else None, "mass": float(m)}
                 for m, i in zip(mass.tolist(), idx.tolist())]
 
-    def hit(self, rank: int, row: int, dist: float) -> dict:
-        out = self.item(row)
-        return {"rank": rank, "id": out.pop("id"), "distance": float(dist), "similarity": 1.0 - float(dist), **out}
+    def hit(self, rank: int, row: int, dist: float, kind: str, base: str = "") -> dict:
+        """One result: ``similarity`` from ``dist`` as :func:`similarity` defines it for ``kind``."""
+        out = self.item(row, base)
+        return {"rank": rank, "id": out.pop("id"), "row": out.pop("row"), "distance": float(dist),
+                "similarity": similarity(kind, float(dist)), **out}
 
-    def search(self, data: dict, image: bytes | None = None, form: bool = False) -> dict:
-        """``POST /api/search``: validate ``data`` and return the neighbours."""
+    def search(self, data: dict, image: bytes | None = None, form: bool = False, base: str = "") -> dict:
+        """``POST /api/search``: validate ``data`` and return the neighbours (urls under ``base``)."""
         start = time.perf_counter()
         if form:
             data = {key: value for key, value in data.items() if value not in (None, "")}
@@ -527,11 +657,20 @@ class Service:
         if params is not None and not isinstance(params, dict):
             raise FieldError("params", 'must be an object such as {"rank": 8}')
         if index is not None:
-            if index not in self.indexes:
-                raise FieldError("index", f"unknown index {index!r}; indexes: {', '.join(self.indexes) or '(none)'}")
             for f in ("model", "context", "tau", "params"):
                 if data.get(f) is not None:
                     raise FieldError(f, "cannot be combined with index (the index holds its model)")
+        else:
+            model, anchors, index = self.parse_context(context, model)
+            if index is not None:
+                for f in ("tau", "params"):
+                    if data.get(f) is not None:
+                        raise FieldError(f, f"cannot be combined with the context index:{index} "
+                                            "(the index holds its model)")
+            context = anchors
+        field = "context" if data.get("index") is None else "index"
+        if index is not None and index not in self.indexes:
+            raise FieldError(field, f"unknown index {index!r}; indexes: {', '.join(self.indexes) or '(none)'}")
         key = None if index is not None else self.context_key(model, context, tau, params, symmetric)
         q, qinfo, own = self._query(data, image)
         own = None if include_self else own
@@ -539,6 +678,7 @@ class Service:
         if index is not None:
             d, i = self._index_search(index, q, k, own, rows)
             ctx_info = {"name": f"index:{index}", "index": index, "backend": self.indexes[index].backend}
+            kind = similarity_kind(self.indexes[index].model)
             why: list = []
         else:
             ctx = self.context(key)
@@ -546,16 +686,22 @@ class Service:
             ctx_info = {"name": key.name, "model": key.model, "anchors": key.anchors, "tau": key.tau,
                         "params": dict(key.params), "symmetric": key.symmetric,
                         "n_anchors": 0 if ctx.anchors is None else len(ctx.anchors)}
+            kind = similarity_kind(ctx.model)
             why = self.why(ctx, q)
-        results = [self.hit(r + 1, int(row), dist) for r, (dist, row) in enumerate(zip(d.tolist(), i.tolist()))]
+        ctx_info["similarity"] = SIMILARITY[kind]
+        results = [self.hit(r + 1, int(row), dist, kind, base)
+                   for r, (dist, row) in enumerate(zip(d.tolist(), i.tolist()))]
         return {"query": qinfo, "context": ctx_info, "k": k, "filter": spec or None, "results": results,
                 "why": why, "took_ms": round(1000 * (time.perf_counter() - start), 3)}
 
     # ------------------------------------------------------ clip-retrieval
-    def knn_service(self, data: dict) -> list[dict]:
-        """``POST /knn-service`` in clip-retrieval's shape: a list of ``{id, similarity, **metadata}``."""
+    def knn_service(self, data: dict, base: str = "") -> list[dict]:
+        """``POST /knn-service`` in clip-retrieval's shape: a list of ``{id, similarity, **metadata}``.
+
+        ``indice_name`` is a context name from ``/indices-list`` (default: the default context).
+        """
         name = v.string(data, "indice_name", max_len=v.MAX_CONTEXT + 64)
-        name = self.indices_list()[0] if name is None else name
+        name = self.default_key.name if name is None else name
         if v.boolean(data, "use_mclip", False):
             raise FieldError("use_mclip", "multilingual CLIP is not available here")
         if data.get("image_url") not in (None, ""):
@@ -563,7 +709,7 @@ class Service:
         num = v.integer(data, "num_images", 40, 1, v.MAX_K)
         num_ids = v.integer(data, "num_result_ids", num, 1, v.MAX_K)
         dedup = v.boolean(data, "deduplicate", False)
-        query: dict[str, Any] = {"k": min(max(num, num_ids), v.MAX_K)}
+        query: dict[str, Any] = {"k": min(max(num, num_ids), v.MAX_K), "context": name}
         image = None
         if data.get("text") not in (None, ""):
             query["text"] = data["text"]
@@ -582,20 +728,10 @@ class Service:
             query["embedding"] = data["embedding_input"]
         else:
             raise FieldError("text", "give one of text, image or embedding_input")
-        if name.startswith("index:"):
-            query["index"] = name[len("index:"):]
-        else:
-            model, _, anchors = name.partition(":")
-            query["model"] = model
-            if anchors:
-                query["context"] = anchors
-            elif model in ANCHOR_MODELS:
-                raise FieldError("indice_name", f"{name!r} names no anchors; use MODEL:SET, e.g. "
-                                                f"{(self.indices_list() + ['softmax:SET'])[-1]!r}")
         try:
             if "embedding" in query:
                 query["embedding"] = v.embedding(query["embedding"], self.dim, "embedding_input")
-            res = self.search(query, image=image)
+            res = self.search(query, image=image, base=base)
         except FieldError as exc:
             field = {"context": "indice_name", "model": "indice_name", "index": "indice_name",
                      "k": "num_images", "embedding": "embedding_input"}.get(exc.field, exc.field)
@@ -603,26 +739,26 @@ class Service:
         out, seen = [], set()
         for hit in res["results"]:
             if dedup:
-                digest = self.G[hit["id"]].numpy().tobytes()
+                digest = self.G[hit["row"]].numpy().tobytes()
                 if digest in seen:
                     continue
                 seen.add(digest)
-            meta = self.clip_metadata(hit["id"])
+            meta = self.clip_metadata(hit["row"], base)
             out.append({**meta, "id": hit["id"], "similarity": hit["similarity"]})
         return out[:num]
 
-    def clip_metadata(self, row: int) -> dict:
-        """A row's metadata fields as clip-retrieval returns them (``caption``, ``image_path``, labels...)."""
+    def clip_metadata(self, row: int, base: str = "") -> dict:
+        """A row's metadata fields as clip-retrieval returns them (``caption``, ``image_path``, ``url``, labels...)."""
         meta = {c: json_scalar(self._values[c][row]) for c in self.columns}
         if self.item_column in ("text",) and "caption" not in meta:
             meta["caption"] = meta[self.item_column]
         if self.has_images:
             meta["image_path"] = self.item_text(row)  # the file name only, never the server's path
-            meta["url"] = f"/api/thumb/{row}"
+            meta["url"] = self.thumb_url(row, base)
         return meta
 
-    def metadata(self, data: dict) -> list[dict]:
-        """``POST /metadata``: ``[{"id": id, "metadata": {...}}]`` for the given ids."""
+    def metadata(self, data: dict, base: str = "") -> list[dict]:
+        """``POST /metadata``: ``[{"id": id, "metadata": {...}}]`` for the given item ids."""
         ids = data.get("ids")
         if not isinstance(ids, list):
             raise FieldError("ids", "must be a list of ids")
@@ -633,8 +769,8 @@ class Service:
             raise FieldError("indice_name", "must be a string")
         out = []
         for i in ids:
-            row = self.check_row(i, "ids")
-            meta = self.clip_metadata(row)
+            row = self.find_row(i, "ids")
+            meta = self.clip_metadata(row, base)
             if self.has_images:
                 import base64
 
@@ -642,5 +778,5 @@ class Service:
                     meta["image"] = base64.b64encode(self.thumbnail(row)).decode("ascii")
                 except FieldError:
                     pass
-            out.append({"id": row, "metadata": meta})
+            out.append({"id": self.item_id(row), "metadata": meta})
         return out

@@ -40,28 +40,36 @@ function updateMixLabel() {
   $('mix').setAttribute('aria-valuetext', text);
 }
 
+// A context name, as /indices-list gives it: MODEL, MODEL:SETS or index:NAME.
+function column(name) {
+  const model = name.split(':')[0];
+  return { name, model: model === 'index' ? null : model };
+}
+
+// The panel's context name: the geometry, with the panel's anchors when it takes anchors.
+function panelName() {
+  const model = $('model').value;
+  const sets = panelContext();
+  return modelInfo(model).needs_anchors && sets ? `${model}:${sets}` : model;
+}
+
 // The contexts shown: one column, or the side-by-side columns.
 function columns() {
-  const model = $('model').value;
-  const anchorModel = modelInfo(model).needs_anchors ? model : (state.info.sets.length ? 'softmax' : model);
-  const panel = { model, context: modelInfo(model).needs_anchors ? panelContext() : null };
+  const panel = column(panelName());
   if (!$('side').checked) return [panel];
   const out = [];
   for (const sel of document.querySelectorAll('.col-select')) {
     const v = sel.value;
     if (!v) continue;
-    if (v === 'panel') out.push(panel);
-    else if (v === 'cosine') out.push({ model: 'cosine', context: null });
-    else out.push({ model: anchorModel, context: v.slice(4) });
+    out.push(v === 'panel' ? panel : column(v));
   }
   return out.length ? out : [panel];
 }
 
 function request(col) {
-  const body = { model: col.model, k: Number($('k').value) || 12 };
-  if (col.context) body.context = col.context;
+  const body = { context: col.name, k: Number($('k').value) || 12 };
   const tau = $('tau').value.trim();
-  if (modelInfo(col.model).takes_temperature && tau) body.tau = Number(tau);
+  if (col.model && modelInfo(col.model).takes_temperature && tau) body.tau = Number(tau);
   const f = $('filter').value;
   if (f) body.filter = JSON.parse(f);
   return body;
@@ -89,15 +97,11 @@ function setStatus(text, error) {
   $('status').classList.toggle('error', Boolean(error));
 }
 
-function columnTitle(col) {
-  if (!col.context) return `${col.model} (no anchors)`;
-  return `${col.model} · ${col.context}`;
-}
-
 function renderColumn(section, data) {
   section.replaceChildren();
   const ctx = data.context;
-  section.append(el('h2', {}, ctx.anchors ? `${ctx.model} · ${ctx.anchors}` : ctx.name));
+  section.append(el('h2', {}, ctx.name));
+  section.append(el('p', { class: 'similarity' }, `similarity = ${ctx.similarity}`));
   if (data.why && data.why.length) {
     const parts = data.why.map((w) => `“${w.anchor}” ${(100 * w.mass).toFixed(0)}%` + (w.set ? ` (${w.set})` : ''));
     section.append(el('p', { class: 'why' }, `Why: the query puts most anchor mass on ${parts.join(', ')}`));
@@ -108,10 +112,11 @@ function renderColumn(section, data) {
     const li = el('li');
     const label = hit.text || `item ${hit.id}`;
     const card = el('button', { type: 'button', class: 'card', 'data-id': String(hit.id),
-                                'aria-label': `Use as query: ${label}` });
+                                'data-row': String(hit.row), 'aria-label': `Use as query: ${label}` });
     if (hit.thumbnail) card.append(el('img', { src: hit.thumbnail, alt: label, loading: 'lazy' }));
     card.append(el('p', { class: 'text' }, label));
-    card.append(el('p', { class: 'dist' }, `#${hit.rank} · id ${hit.id} · d = ${Number(hit.distance).toPrecision(4)}`));
+    card.append(el('p', { class: 'dist' }, `#${hit.rank} · id ${hit.id} · d = ${Number(hit.distance).toPrecision(4)}` +
+                                           ` · similarity ${Number(hit.similarity).toPrecision(4)}`));
     const labels = Object.entries(hit.labels || {});
     if (labels.length) {
       const chips = el('ul', { class: 'chips', 'aria-label': 'labels' });
@@ -121,7 +126,7 @@ function renderColumn(section, data) {
       }
       card.append(chips);
     }
-    card.addEventListener('click', () => setQuery({ fields: { row: hit.id }, label: `item #${hit.id}: ${label}` }));
+    card.addEventListener('click', () => setQuery({ fields: { id: hit.id }, label: `item ${hit.id}: ${label}` }));
     li.append(card);
     grid.append(li);
   }
@@ -141,10 +146,10 @@ async function runAll() {
   results.dataset.state = 'loading';
   setStatus('Searching…');
   const sections = cols.map((col, i) => {
-    const s = el('section', { class: 'column', 'data-column': String(i), 'data-model': col.model,
-                              'data-context': col.context || '', 'data-state': 'loading' });
-    s.dataset.title = columnTitle(col);
-    s.append(el('h2', {}, columnTitle(col)));
+    const s = el('section', { class: 'column', 'data-column': String(i), 'data-context': col.name,
+                              'data-state': 'loading' });
+    s.dataset.title = col.name;
+    s.append(el('h2', {}, col.name));
     results.append(s);
     return s;
   });
@@ -174,6 +179,7 @@ async function runAll() {
 function setQuery(q) {
   state.query = q;
   $('query-text').textContent = `Query: ${q.label}`;
+  $('query-text').dataset.query = JSON.stringify(q.fields);
   $('clear-query').hidden = false;
   runAll();
 }
@@ -191,17 +197,27 @@ function init(info) {
   const c = info.collection;
   $('collection-info').textContent =
     `${c.n} ${c.kind || 'item'}s · dimension ${c.dim}` + (c.encoder ? ` · encoder ${c.encoder}` : '') +
-    (c.tau ? ` · τ = ${c.tau}` : '') + ` · similarity = ${info.similarity}`;
+    (c.tau ? ` · τ = ${c.tau}` : '') + ` · default context ${info.default.name}`;
   fillSelect($('model'), info.models.filter((m) => m.available).map((m) => [m.name, m.name]));
-  $('model').value = info.defaults.model;
-  if (info.defaults.tau) $('tau').value = String(info.defaults.tau);
-  $('k').value = String(info.defaults.k);
+  $('model').value = info.default.model;
+  if (info.default.tau) $('tau').value = String(info.default.tau);
+  $('k').value = String(info.default.k);
   $('k').max = String(info.limits.max_k);
   $('q').maxLength = info.limits.max_text;
   const sets = info.sets.map((s) => [s.name, `${s.name} (${s.size})`]);
   fillSelect($('set-a'), sets);
   fillSelect($('set-b'), sets, 'none');
-  if (info.sets.length > 1) $('set-b').value = info.sets[1].name;
+  // The panel starts at the default context: its one set at p = 1 (beside the next set), or its two sets.
+  const parts = (info.default.anchors || '').split(',').filter(Boolean).map((part) => {
+    const at = part.lastIndexOf(':');
+    return at < 0 ? [part, 1] : [part.slice(0, at), Number(part.slice(at + 1))];
+  });
+  if (parts.length) {
+    $('set-a').value = parts[0][0];
+    const other = info.sets.find((s) => s.name !== parts[0][0]);
+    $('set-b').value = parts.length > 1 ? parts[1][0] : (other ? other.name : '');
+    $('mix').value = String(parts.length > 1 ? parts[0][1] : 1);
+  }
   $('anchors-panel').hidden = !info.sets.length;
   const list = $('set-list');
   for (const s of info.sets) list.append(el('li', {}, `${s.name}: ${s.phrases.join(' · ')}`));
@@ -210,12 +226,12 @@ function init(info) {
     for (const v of c.labels[col]) filters.push([JSON.stringify({ [col]: v }), `${col} = ${v}`]);
   }
   fillSelect($('filter'), filters, 'none');
-  const colOptions = [['panel', 'the panel (geometry and mixture above)'],
-    ...info.sets.map((s) => [`set:${s.name}`, `anchors ${s.name}`]), ['cosine', 'cosine (no anchors)']];
+  const colOptions = [['panel', 'the panel (geometry and mixture above)'], ...info.names.map((n) => [n, n])];
+  const anchorModel = info.default.anchors ? info.default.model : 'softmax';
   document.querySelectorAll('.col-select').forEach((sel, i) => {
     fillSelect(sel, colOptions, i === 2 ? 'none' : undefined);
-    const pick = info.sets[i] ? `set:${info.sets[i].name}` : (i === 0 ? 'panel' : (i === 1 ? 'cosine' : ''));
-    sel.value = pick;
+    const pick = info.sets[i] ? `${anchorModel}:${info.sets[i].name}` : (i === 0 ? 'panel' : (i === 1 ? 'cosine' : ''));
+    sel.value = info.names.includes(pick) || pick === 'panel' || pick === '' ? pick : 'panel';
   });
   $('image-upload').hidden = !c.image_queries;
   $('q').disabled = !c.text_queries;
