@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 import traceback
@@ -129,8 +130,9 @@ def test_anchors_command_prints_sets_and_reuses_cache(ws):
 
 def test_search_table_json_csv(ws):
     table = run("search", ws["coll"], "--anchors", f"{ws['anchors']}:style", "--query-row", 1, "-k", 3).stdout
-    assert "query (id): #1 a watercolor painting of a cat" in table
+    assert "query (item): row 1: a watercolor painting of a cat" in table
     assert "rank" in table and "distance" in table and "text" in table and "label" in table
+    assert "row" in table and " id " not in table  # without an 'id' column the ids are the rows: one column
     # under the style anchors, the other watercolour is the nearest neighbour
     lines = table.splitlines()
     assert lines[3].startswith("top anchors: a watercolor painting (")
@@ -140,8 +142,9 @@ def test_search_table_json_csv(ws):
                        "--query-row", 0, "-k", 3)
     assert data["model"] == "softmax" and data["tau"] == pytest.approx(0.05)
     q_id, q_text = data["queries"]
-    assert q_id["kind"] == "id" and q_id["row"] == 0
-    assert 0 not in [h["id"] for h in q_id["results"]]  # the query row is left out
+    assert q_id["kind"] == "item" and q_id["row"] == 0 == q_id["id"]
+    assert 0 not in [h["row"] for h in q_id["results"]]  # the query row is left out
+    assert all(h["id"] == h["row"] for h in q_id["results"])
     assert q_text["kind"] == "text" and q_text["results"][0]["label"] == "cat"
     d = [h["distance"] for h in q_text["results"]]
     assert d == sorted(d) and len(d) == 3 and [h["rank"] for h in q_text["results"]] == [1, 2, 3]
@@ -149,9 +152,10 @@ def test_search_table_json_csv(ws):
     rows = list(csv.DictReader(io.StringIO(run(
         "search", ws["coll"], "--model", "cosine", "--query-row", 2, "--include-self", "-k", 2,
         "--format", "csv").stdout)))
-    assert [r["rank"] for r in rows] == ["1", "2"] and rows[0]["id"] == "2"
+    assert [r["rank"] for r in rows] == ["1", "2"] and rows[0]["row"] == "2" == rows[0]["id"]
     assert float(rows[0]["distance"]) == pytest.approx(0.0, abs=1e-5)
-    assert set(rows[0]) >= {"query", "query_kind", "id", "distance", "text", "label", "style"}
+    assert set(rows[0]) >= {"query", "query_kind", "query_id", "query_row", "id", "row", "distance", "text",
+                            "label", "style"}
 
 
 @pytest.mark.parametrize("model, extra", [
@@ -162,7 +166,7 @@ def test_search_every_model(ws, model, extra):
     anchors = [] if model == "cosine" else ["--anchors", str(ws["anchors"])]
     data = search_json(ws, "--model", model, *anchors, *extra, "--query-text", "a dog", "-k", 4)
     hits = data["queries"][0]["results"]
-    assert len(hits) == 4 and len({h["id"] for h in hits}) == 4
+    assert len(hits) == 4 and len({h["row"] for h in hits}) == 4
     assert all(np.isfinite(h["distance"]) for h in hits)
     if "--tau" in extra:
         assert data["tau"] == 0.1
@@ -188,7 +192,7 @@ def test_index_build_and_search_match_exact_search(ws, tmp_path):
         for result in (got, via_search):
             assert result["backend"] == backend
             for a, b in zip(plain["queries"], result["queries"]):
-                assert [h["id"] for h in a["results"]] == [h["id"] for h in b["results"]]
+                assert [h["row"] for h in a["results"]] == [h["row"] for h in b["results"]]
                 np.testing.assert_allclose([h["distance"] for h in a["results"]],
                                            [h["distance"] for h in b["results"]], rtol=1e-4, atol=1e-5)
     bad = run("search", ws["coll"], "--index", tmp_path / "exact.index", "--anchors", spec, "--query-row", 0, ok=False)
@@ -258,7 +262,7 @@ def test_installed_script(ws):
     out, err = ws["proc"].communicate(timeout=300)
     assert ws["proc"].returncode == 0, err
     hits = json.loads(out)["queries"][0]["results"]
-    assert len(hits) == 2 and hits[0]["id"] == 4  # the other watercolour
+    assert len(hits) == 2 and hits[0]["row"] == 4  # the other watercolour
 
 
 def test_encoder_option_and_deprecated_model_alias(ws):
@@ -283,11 +287,14 @@ def test_query_row_and_query_id_are_separate(ws, tmp_path):
     assert by_id["queries"][0]["results"] == by_row["queries"][0]["results"]
     for hit in by_id["queries"][0]["results"]:
         assert hit["id"] == ids[hit["row"]] and hit["row"] != 2
-    assert by_id["queries"][0]["query"].startswith("#3 ")
+    assert by_id["queries"][0]["query"].startswith("id 3 (row 2): ")
     assert "no item has id '999'" in run("search", coll, "--model", "cosine", "--query-id", 999, ok=False).stderr
-    # a collection without an id column: --query-id says to use --query-row
-    bad = run("search", ws["coll"], "--model", "cosine", "--query-id", 1, ok=False)
-    assert bad.exit_code == 2 and "--query-row 1" in bad.stderr
+    # a collection without an 'id' column: its ids are its row numbers
+    plain = [json.loads(run("search", ws["coll"], "--model", "cosine", opt, 1, "-k", 3, "--format", "json").stdout)
+             for opt in ("--query-id", "--query-row")]
+    assert plain[0]["queries"] == plain[1]["queries"] and plain[0]["queries"][0]["id"] == 1
+    bad = run("search", ws["coll"], "--model", "cosine", "--query-id", 8, ok=False)
+    assert bad.exit_code == 2 and "no item has id '8'" in bad.stderr and "row numbers 0..7" in bad.stderr
     # the HTML report names the same neighbours by the same ids
     out = tmp_path / "rep"
     run("compare", coll, "--model", "cosine", "--query-id", 3, "-k", 3, "--no-png", "--out", out)
@@ -315,14 +322,157 @@ def test_index_build_on_dask_workers_and_filtered_search(ws, tmp_path):
         run("index", "build", ws["coll"], "--anchors", spec, "--backend", "faiss", *extra, "--out", paths[name])
     results = [json.loads(run("index", "search", paths[name], "--query-text", "a red car", "-k", 8,
                               "--format", "json").stdout)["queries"][0]["results"] for name in ("one", "dask")]
-    assert [h["id"] for h in results[0]] == [h["id"] for h in results[1]] and len(results[0]) == 8
-    (tmp_path / "ids.txt").write_text("1\n4\n6\n")
-    for flt in ("1,4,6", f"@{tmp_path / 'ids.txt'}"):
-        got = json.loads(run("index", "search", paths["dask"], "--query-text", "a red car", "-k", 3, "--filter", flt,
-                             "--format", "json").stdout)["queries"][0]["results"]
-        assert [h["id"] for h in got] == [h["id"] for h in results[0] if h["id"] in (1, 4, 6)]
+    assert [h["row"] for h in results[0]] == [h["row"] for h in results[1]] and len(results[0]) == 8
+    (tmp_path / "rows.txt").write_text("1\n4\n6\n")
+    for flt in ("1,4,6", f"@{tmp_path / 'rows.txt'}"):
+        got = json.loads(run("index", "search", paths["dask"], "--query-text", "a red car", "-k", 3, "--filter-rows",
+                             flt, "--format", "json").stdout)["queries"][0]["results"]
+        assert [h["row"] for h in got] == [h["row"] for h in results[0] if h["row"] in (1, 4, 6)]
     bad = run("index", "search", paths["one"], "--query-text", "a red car", "-k", 3, "--filter", "id > 3", ok=False)
     assert bad.exit_code == 2 and "not a list of ids" in bad.stderr and "milvus" in bad.stderr
+    # this collection has no 'id' column: its ids are its rows
+    by_ids = json.loads(run("index", "search", paths["one"], "--query-text", "a red car", "-k", 3, "--filter", "1,4,6",
+                            "--format", "json").stdout)["queries"][0]["results"]
+    assert [(h["id"], h["row"]) for h in by_ids] == [(h["row"], h["row"]) for h in got]
     both = run("index", "build", ws["coll"], "--anchors", spec, "--workers", 2, "--scheduler", "tcp://127.0.0.1:1",
                "--out", tmp_path / "x.index", ok=False)
     assert both.exit_code == 2 and "either --workers" in both.stderr
+
+
+#: 30 string ids in no sorted order.
+STRING_IDS = [f"item-{c}" for c in "qwertyuiopasdfghjklzxcvbnm1234"]
+
+
+@pytest.fixture(scope="module")
+def ided(ws, tmp_path_factory):
+    """Collections of 30 texts whose 'id' column differs from the row: ids 1..30, and strings; an index of each."""
+    root = tmp_path_factory.mktemp("ids")
+    out = {}
+    for name, ids in (("numeric", list(range(1, 31))), ("strings", STRING_IDS)):
+        table = root / f"{name}.csv"
+        with open(table, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["text", "id", "label"])
+            for r, i in enumerate(ids):
+                text, label, _ = ITEMS[r % len(ITEMS)]
+                w.writerow([f"{text}, picture {r}", i, label])
+        coll, index = root / name, root / f"{name}.index"
+        run("embed", table, "--column", "text", "--out", coll, "--device", "cpu", "--no-progress")
+        run("index", "build", coll, "--anchors", f"{ws['anchors']}:object", "--out", index)
+        out[name] = {"coll": coll, "index": index, "ids": ids}
+    return out
+
+
+def _first_query(*args):
+    return json.loads(run(*args, "--format", "json").stdout)["queries"][0]
+
+
+@pytest.mark.parametrize("kind", ["numeric", "strings"])
+def test_ids_and_rows_name_the_same_items(ws, ided, kind):
+    """--query-id and --filter take ids, --query-row and --filter-rows rows; every result shows both."""
+    coll, index, ids = ided[kind]["coll"], ided[kind]["index"], ided[kind]["ids"]
+    q = 5
+    by_id = _first_query("index", "search", index, "--query-id", ids[q], "-k", 29)
+    by_row = _first_query("index", "search", index, "--query-row", q, "-k", 29)
+    assert (by_id["id"], by_id["row"]) == (ids[q], q) == (by_row["id"], by_row["row"])
+    assert by_id["results"] == by_row["results"] and len(by_id["results"]) == 29
+    assert all(h["id"] == ids[h["row"]] for h in by_id["results"]) and q not in [h["row"] for h in by_id["results"]]
+    plain = _first_query("search", coll, "--anchors", f"{ws['anchors']}:object", "--query-id", ids[q], "-k", 29)
+    assert [(h["id"], h["row"]) for h in plain["results"]] == [(h["id"], h["row"]) for h in by_id["results"]]
+
+    keep_rows = [1, 2, 17]
+    keep = [ids[r] for r in keep_rows]
+    expected = [h["id"] for h in by_id["results"] if h["row"] in keep_rows]
+    id_file = coll.parent / f"{kind}-ids.txt"
+    id_file.write_text("".join(f"{i}\n" for i in keep))
+    for flt in (",".join(map(str, keep)), f"@{id_file}"):
+        got = _first_query("index", "search", index, "--query-id", ids[q], "--filter", flt, "-k", 3)
+        assert [h["id"] for h in got["results"]] == expected
+    rows = _first_query("index", "search", index, "--query-row", q, "--filter-rows", ",".join(map(str, keep_rows)),
+                        "-k", 3)
+    assert [h["id"] for h in rows["results"]] == expected and [h["row"] for h in rows["results"]] == [
+        ids.index(i) for i in expected]
+
+    # the table prints both: id then row
+    table = run("index", "search", index, "--query-id", ids[q], "-k", 4).stdout.splitlines()
+    at = next(i for i, ln in enumerate(table) if ln.startswith("rank"))
+    assert table[at].split()[:4] == ["rank", "id", "row", "distance"]
+    assert table[at - 1].startswith(f"query (item): id {ids[q]} (row {q}): ")
+    for line in table[at + 2:at + 6]:
+        _, shown_id, shown_row = line.split()[:3]
+        assert shown_id == str(ids[int(shown_row)])
+    csv_rows = list(csv.DictReader(io.StringIO(run("index", "search", index, "--query-id", ids[q], "-k", 2,
+                                                   "--format", "csv").stdout)))
+    assert [(r["query_id"], r["query_row"]) for r in csv_rows] == [(str(ids[q]), str(q))] * 2
+    assert all(r["id"] == str(ids[int(r["row"])]) for r in csv_rows)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--query-id", "999"], "no item has id '999' in the collection's 'id' column"),
+    (["--query-row", "0", "--filter", "2,999"], "no item has id '999'"),
+    (["--query-row", "0", "--filter", "2,999,998"], "no item has ids '999', '998'"),
+    (["--query-row", "30"], "row 30 is out of range"),
+    (["--query-row", "0", "--filter-rows", "1,30"], "row 30 is out of range"),
+    (["--query-row", "0", "--filter-rows", "a,b"], "is not a list of row numbers"),
+    (["--query-row", "0", "--filter", "1", "--filter-rows", "1"], "either --filter (ids) or --filter-rows"),
+])
+def test_an_unknown_id_or_row_is_an_error_naming_it(ided, args, message):
+    res = run("index", "search", ided["numeric"]["index"], *args, ok=False)
+    assert res.exit_code == 2 and res.stdout == ""
+    line, = res.stderr.strip().splitlines()
+    assert message in line, line
+    option = next(a for a in args if a.startswith("--") and (a in line))
+    assert option in line
+    if "no item has" in message:  # the fix: rows go to the row option
+        assert ("--query-row" if args[0] == "--query-id" else "--filter-rows") in line
+
+
+def test_compare_report_names_items_by_id(ided, tmp_path):
+    import re
+
+    coll, ids = ided["strings"]["coll"], ided["strings"]["ids"]
+    hits = _first_query("search", coll, "--model", "cosine", "--query-id", ids[7], "-k", 3)["results"]
+    run("compare", coll, "--model", "cosine", "--query-id", ids[7], "-k", 3, "--no-png", "--out", tmp_path)
+    html = (tmp_path / "index.html").read_text()
+    assert re.findall(r'data-id="([^"]+)"', html) == [h["id"] for h in hits]
+    assert f"id {ids[7]} (row 7)" in html
+
+
+def test_embed_with_nothing_left_loads_no_model(ws, tmp_path):
+    """A finished collection is recognised by its encoder's spec: a rerun succeeds when the
+    model is gone, and loads nothing. --no-progress hides the "Loading weights" bar."""
+    from anchordiv.encoders import minilm_path
+
+    link = tmp_path / "model"
+    link.symlink_to(minilm_path(), target_is_directory=True)
+    txt = tmp_path / "lines.txt"
+    txt.write_text("a cat on a mat\na dog in a park\na boat at sea\n")
+    shown = run("embed", txt, "--out", tmp_path / "a", "--encoder", f"sentence-transformers:{link}", "--progress")
+    assert "Loading weights" in shown.stderr  # what --no-progress hides
+    spec = f"sentence-transformers:{link}/"  # another spec: loaded afresh in this process
+    quiet = run("embed", txt, "--out", tmp_path / "b", "--encoder", spec, "--no-progress")
+    assert "Embedded 3 of 3 texts" in quiet.stdout
+    assert "Loading weights" not in quiet.stderr and "%|" not in quiet.stderr and "it/s" not in quiet.stderr
+    link.unlink()  # the spec can no longer load
+    script = Path(sys.executable).with_name("anchordiv")
+    again = subprocess.run([script, "embed", txt, "--out", tmp_path / "b", "--encoder", spec],
+                           capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300,
+                           check=False)
+    assert again.returncode == 0, again.stderr
+    assert "Nothing to do: " in again.stdout and "3 embedded texts" in again.stdout
+    assert "Loading weights" not in again.stderr
+
+
+def test_eval_logs_a_line_per_step_when_not_on_a_terminal(ws, tmp_path):
+    args = ["eval", "coordinate", ws["coll"], "--anchors", f"{ws['anchors']}:object", "--anchors",
+            f"{ws['anchors']}:style", "--factor", "label", "--factor", "style", "--model", "softmax",
+            "--proportions", "0,0.5,1", "--draws", 2, "--n-boot", 20]
+    res = run(*args, "--out", tmp_path / "log")  # CliRunner's stderr is not a terminal
+    total = 2 * 3 * 1 + 1  # draws × proportions × models, and the cosine baseline
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("coordinate: ")]
+    assert lines[0] == f"coordinate: {total} steps" and lines[-1].startswith(f"coordinate: {total} steps in ")
+    assert [ln.split(",")[0] for ln in lines[1:-1]] == [f"coordinate: step {i}/{total}" for i in range(1, total + 1)]
+    assert "%|" not in res.stderr
+    quiet = run(*args, "--no-progress", "--out", tmp_path / "quiet")
+    assert "step" not in quiet.stderr and "%|" not in quiet.stderr and "it/s" not in quiet.stderr
+    assert "coordinate:" in quiet.stdout  # the summary line

@@ -261,7 +261,8 @@ def test_minilm_loads_its_weights_on_first_use():
 
 
 def test_cached_anchors_and_row_queries_load_no_weights(tmp_path):
-    """Nothing to embed: no weights are loaded, no progress bar, no backend imported."""
+    """Nothing to embed (a finished collection, cached anchors, row queries): no weights are
+    loaded, no progress bar, no backend imported."""
     from click.testing import CliRunner
 
     from anchordiv.cli import cli
@@ -281,7 +282,8 @@ from anchordiv import encoders
 from anchordiv.anchorsfile import resolve_anchor_spec
 from anchordiv.cli import cli
 coll, anchors = {str(coll)!r}, {str(anchors)!r}
-for args in (["search", coll, "--anchors", anchors + ":animals", "--query-row", "1", "-k", "2"],
+for args in (["embed", {str(table)!r}, "--column", "text", "--out", coll, "--device", "cpu"],
+             ["search", coll, "--anchors", anchors + ":animals", "--query-row", "1", "-k", "2"],
              ["search", coll, "--anchors", anchors, "--model", "gaussian", "--query-row", "0",
               "-k", "2", "--format", "json"],
              ["compare", coll, "--anchors", anchors + ":things", "--query-row", "2", "-k", "2",
@@ -469,3 +471,18 @@ def test_open_clip_unknown_names(oc):
         load(f"open_clip:{OC_ARCH}/no_such_tag", device="cpu")
     with pytest.raises(ValueError, match="unknown OpenCLIP architecture"):
         load(f"open_clip:No-Such-Arch/{oc['ckpt']}", device="cpu")
+
+
+def test_quiet_loading_hides_transformers_bars_and_restores_them():
+    from huggingface_hub import utils as hub
+    from transformers.utils import logging as hf_logging
+
+    from anchordiv._progress import progress_scope, quiet_loading
+
+    before = (hf_logging.is_progress_bar_enabled(), hub.are_progress_bars_disabled())
+    with quiet_loading():  # bars not silenced: nothing changes
+        assert (hf_logging.is_progress_bar_enabled(), hub.are_progress_bars_disabled()) == before
+    with progress_scope(False), quiet_loading():
+        assert not hf_logging.is_progress_bar_enabled() and hub.are_progress_bars_disabled()
+    assert (hf_logging.is_progress_bar_enabled(), hub.are_progress_bars_disabled()) == before
+

@@ -130,6 +130,19 @@ def test_coordinate_direction_and_files(world, tmp_path):
     assert "Verdict" in (tmp_path / "coordinate.md").read_text()
 
 
+def test_progress_log_prints_a_line_per_step(world, capsys):
+    res = ex.budget(world["data"], world["A"], "a", models=["softmax"], baselines=["cosine"], budgets=[2, 12],
+                    n_draws=2, n_boot=20, progress="log")
+    err = capsys.readouterr().err
+    steps = [ln for ln in err.splitlines() if ln.startswith("budget: ")]
+    total = 2 + 1 + 1  # softmax: 2 draws at budget 2, one at the full set (12); cosine once
+    assert steps[0] == f"budget: {total} steps" and steps[-1].startswith(f"budget: {total} steps in ")
+    assert [ln.split(",")[0] for ln in steps[1:-1]] == [f"budget: step {i}/{total}" for i in range(1, total + 1)]
+    assert "%|" not in err and len(res.rows)
+    with pytest.raises(ValueError, match="progress must be True, False, None or 'log'"):
+        ex.budget(world["data"], world["A"], "a", progress="lines")
+
+
 def test_budget_softmax_improves_with_coverage(world, tmp_path):
     res = ex.budget(world["data"], world["A"], "a", budgets=[1, 2, 12], n_draws=3, out_dir=tmp_path, n_boot=200,
                     progress=False)

@@ -344,6 +344,20 @@ def test_rerun_of_finished_job_is_noop(tmp_path):
     assert {p: os.stat(p).st_mtime_ns for p in out.rglob("*") if p.is_file()} == stamps
 
 
+def test_finished_job_loads_no_encoder(tmp_path):
+    """A finished collection is recognised by its encoder's name: an encoder loaded on first
+    use (here one whose model folder does not exist) is never loaded."""
+    from anchordiv.encoders import LazyEncoder
+
+    spec = f"sentence-transformers:{tmp_path / 'no-such-model'}"
+    texts = _texts(5)
+    embed_collection(texts, HashEncoder(name=spec, dim=DIM), tmp_path / "c", shard_size=2, progress=False)
+    again = embed_collection(texts, LazyEncoder(spec, "cpu"), tmp_path / "c", shard_size=2, progress=False)
+    assert again.complete and again.resumed and again.shards_written == 0 and again.n_embedded == 5
+    with pytest.raises(ValueError, match="different job"):  # a changed job is still refused, before any loading
+        embed_collection(texts[:4], LazyEncoder(spec, "cpu"), tmp_path / "c", shard_size=2, progress=False)
+
+
 @pytest.mark.parametrize(
     "change, match",
     [

@@ -324,6 +324,25 @@ def test_relevance_function_and_external_queries(text_setup, tmp_path):
     assert "my query" in root and "second" in root
     frame = res.to_frame()
     assert len(frame) == 2 * 4 and {"relevant_parity", "relevant_color"} <= set(frame.columns)
+    assert frame["row"].tolist() == idx.reshape(-1).tolist() == frame["id"].tolist()  # no ids: the rows
+    assert res.query_titles == ["first", "second"] and res.item_label(11) == "row 11"
+
+
+def test_items_are_named_by_id_and_row(text_setup, tmp_path):
+    """With ids, the report and the table name each neighbour by its id and its row."""
+    s = text_setup
+    X = s["X"]
+    ids = [f"x{100 + i}" for i in range(len(X))]
+    res = compare(X[[3]], X, {"cosine": ad.Cosine()}, k=3, query_rows=[3], item_ids=ids)
+    idx = res.indices["cosine"][0]
+    frame = res.to_frame()
+    assert frame["row"].tolist() == idx.tolist() and frame["id"].tolist() == [ids[g] for g in idx]
+    assert res.query_titles == ["Query 1 · id x103 (row 3)"] and res.item_id(5) == "x105"
+    root = parse(write_report(res, tmp_path, png=False).html).root
+    cards = root.find_all("div", cls="nbr")
+    assert [c.attrs["data-id"] for c in cards] == [ids[g] for g in idx]
+    assert [int(c.attrs["data-index"]) for c in cards] == idx.tolist()
+    assert "query · id x103 (row 3)" in root.find_all("div", cls="query")[0].text()
 
 
 def test_unknown_query_labels_show_no_markers(text_setup, tmp_path):

@@ -16,6 +16,7 @@ import io as _io
 import functools
 import json
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -218,46 +219,79 @@ def _default_tau(tau: float | None, collection: Any, anchor_taus: Sequence[float
         raise click.UsageError(str(exc)) from None
 
 
-def _id_column(collection: Any) -> list[str] | None:
-    """The collection's 'id' metadata column as strings, or None."""
+def _has_ids(collection: Any) -> bool:
+    """Whether the collection has an 'id' metadata column."""
     meta = getattr(collection, "metadata", None)
-    if meta is None or "id" not in meta.columns:
-        return None
-    return [str(v) for v in meta["id"].tolist()]
+    return meta is not None and "id" in meta.columns
+
+
+def _id_column(collection: Any) -> list[str]:
+    """Each item's id as text: its 'id' column value, or its row number when there is no such column."""
+    if not _has_ids(collection):
+        return [str(r) for r in range(len(collection))]
+    return [str(v) for v in collection.metadata["id"].tolist()]
 
 
 def _item_id(collection: Any, row: int) -> Any:
-    """How every command names an item: its 'id' column value, else its row number."""
-    meta = getattr(collection, "metadata", None)
-    if meta is not None and "id" in meta.columns:
-        return json_scalar(meta["id"].iloc[row])
+    """The item's id: its value in the collection's 'id' column, or its row number without that column."""
+    if collection is not None and _has_ids(collection):
+        return json_scalar(collection.metadata["id"].iloc[row])
     return int(row)
+
+
+def _item_tag(collection: Any, row: int) -> str:
+    """``id ID (row N)``, or ``row N`` in a collection without an 'id' column (where the id is the row)."""
+    return f"id {_item_id(collection, row)} (row {row})" if _has_ids(collection) else f"row {row}"
+
+
+def _listed(values: Sequence[Any], most: int = 5) -> str:
+    shown = ", ".join(repr(str(v)) for v in values[:most])
+    return shown + (f" and {len(values) - most} more" if len(values) > most else "")
+
+
+def _rows_of_ids(collection: Any, values: Sequence[Any], option: str, row_option: str) -> list[int]:
+    """Rows of the items whose id is each of ``values`` (compared as text; see :func:`_id_column`)."""
+    if collection is None:
+        raise click.BadParameter(f"{option} takes the collection's ids, but no collection is known; pass "
+                                 f"--collection, or row numbers with {row_option}", param_hint=option)
+    ids = _id_column(collection)
+    where: dict[str, list[int]] = {}
+    for r, v in enumerate(ids):
+        where.setdefault(v, []).append(r)
+    missing = [v for v in values if str(v) not in where]
+    if missing:
+        noun = "id" if len(missing) == 1 else "ids"
+        within = "the collection's 'id' column" if _has_ids(collection) else \
+            f"this collection (it has no 'id' column, so its ids are its row numbers 0..{len(ids) - 1})"
+        raise click.BadParameter(f"no item has {noun} {_listed(missing)} in {within}; pass row numbers with "
+                                 f"{row_option}", param_hint=option)
+    rows = []
+    for v in values:
+        found = where[str(v)]
+        if len(found) > 1:
+            raise click.BadParameter(f"id {str(v)!r} appears {len(found)} times in the 'id' column (rows "
+                                     f"{found[:5]}); pick one with {row_option}", param_hint=option)
+        rows.append(found[0])
+    return rows
+
+
+def _check_rows(rows: Sequence[int], n: int, option: str) -> list[int]:
+    """``rows`` as ints, each a row number of a collection of ``n`` rows."""
+    bad = [r for r in rows if not 0 <= int(r) < n]
+    if bad:
+        raise click.BadParameter(f"row {bad[0]} is out of range; the collection has {n} rows (0..{n - 1})",
+                                 param_hint=option)
+    return [int(r) for r in rows]
 
 
 def _find_rows(collection: Any, refs: Sequence[tuple[str, Any]]) -> list[int]:
     """Row numbers for ("row", N) and ("id", VALUE) query references."""
-    n = len(collection)
-    ids = None
     rows = []
     for kind, v in refs:
         if kind == "row":
-            if not 0 <= int(v) < n:
-                raise click.BadParameter(f"row {v} is out of range; the collection has {n} rows (0..{n - 1})",
-                                         param_hint="--query-row")
-            rows.append(int(v))
-            continue
-        ids = _id_column(collection) if ids is None else ids
-        if ids is None:
-            raise click.BadParameter(
-                f"{v!r}: the collection has no 'id' column; pass a row number with --query-row {v}",
-                param_hint="--query-id")
-        matches = [i for i, x in enumerate(ids) if x == str(v)]
-        if not matches:
-            raise click.BadParameter(f"no item has id {v!r} in the collection's 'id' column", param_hint="--query-id")
-        if len(matches) > 1:
-            raise click.BadParameter(f"id {v!r} appears {len(matches)} times in the 'id' column (rows "
-                                     f"{matches[:5]}); pass one with --query-row", param_hint="--query-id")
-        rows.append(matches[0])
+            rows += _check_rows([v], len(collection), "--query-row")
+        else:
+            rows += _rows_of_ids(collection, [v], "--query-id", "--query-row")
     return rows
 
 
@@ -296,19 +330,19 @@ class _Queries:
         self.rows.append(row)
 
 
-def _gather_queries(collection: Any, ids: Sequence[str], texts: Sequence[str], images: Sequence[str],
+def _gather_queries(collection: Any, refs: Sequence[tuple[str, Any]], texts: Sequence[str], images: Sequence[str],
                     encoder: LazyEncoder | None, dim: int | None) -> _Queries:
     import numpy as np
 
-    if not (ids or texts or images):
+    if not (refs or texts or images):
         raise click.UsageError("give at least one query: --query-row, --query-id, --query-text or --query-image")
     q = _Queries()
-    if ids:
+    if refs:
         if collection is None:
             raise click.UsageError("--query-row and --query-id need a collection")
-        for r in _find_rows(collection, ids):
+        for r in _find_rows(collection, refs):
             q.add(np.asarray(collection.embeddings[r], dtype=np.float32),
-                  f"#{_item_id(collection, r)} {_describe_row(collection, r)}", "id", r)
+                  f"{_item_tag(collection, r)}: {_describe_row(collection, r)}", "item", r)
     if texts:
         enc = _require_encoder(encoder, "--query-text")
         for t, v in zip(texts, enc.encode_text(list(texts))):
@@ -359,13 +393,16 @@ def _results(collection: Any, queries: _Queries, distances: Any, indices: Any) -
         for d, i in zip(np.asarray(distances[qi]).tolist(), np.asarray(indices[qi]).tolist()):
             if i < 0:
                 continue
-            hit = {"rank": len(hits) + 1, "id": _item_id(collection, i) if collection is not None else int(i),
-                   "row": int(i), "distance": float(d)}
+            hit = {"rank": len(hits) + 1, "id": _item_id(collection, i), "row": int(i), "distance": float(d)}
             if meta is not None and i < len(meta):
                 for c in columns:
-                    hit[c] = json_scalar(meta[c].iloc[i])
+                    if c not in hit or c == "id":
+                        hit[c] = json_scalar(meta[c].iloc[i])
             hits.append(hit)
-        out.append({"query": label, "kind": queries.kinds[qi], "row": queries.rows[qi], "results": hits})
+        row = queries.rows[qi]
+        out.append({"query": label, "kind": queries.kinds[qi],
+                     "id": None if row is None else _item_id(collection, row),
+                     "row": row, "results": hits})
     return out
 
 
@@ -383,28 +420,36 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _emit(results: list[dict], fmt: str, info: dict) -> None:
-    """Print search results as a table, JSON or CSV."""
+def _emit(results: list[dict], fmt: str, info: dict, ids: bool = True) -> None:
+    """Print search results as a table, JSON or CSV: each item's ``id`` (see :func:`_item_id`) and ``row``.
+
+    The table leaves out the ``id`` column when ``ids`` is False (the ids are the rows).
+    """
+    own = ("rank", "id", "row", "distance")
     columns: list[str] = []
     for q in results:
         for h in q["results"]:
             for c in h:
-                if c not in ("rank", "id", "distance") and c not in columns:
+                if c not in own and c not in columns:
                     columns.append(c)
     if fmt == "json":
         click.echo(json.dumps({**info, "queries": results}, indent=2, ensure_ascii=False))
         return
+
+    def cell(v: Any) -> str:
+        return "" if v is None else str(v)
+
     if fmt == "csv":
         buf = _io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["query", "query_kind", "rank", "id", "distance", *columns])
+        w.writerow(["query", "query_kind", "query_id", "query_row", *own, *columns])
         for q in results:
             for h in q["results"]:
-                w.writerow([q["query"], q["kind"], h["rank"], h["id"], repr(h["distance"]),
-                            *("" if h.get(c) is None else h.get(c) for c in columns)])
+                w.writerow([q["query"], q["kind"], cell(q.get("id")), cell(q.get("row")), h["rank"], cell(h["id"]),
+                            h["row"], repr(h["distance"]), *(cell(h.get(c)) for c in columns)])
         click.echo(buf.getvalue(), nl=False)
         return
-    header = ["rank", "id", "distance", *columns]
+    header = ["rank", *(["id"] if ids else []), "row", "distance", *columns]
     desc = ", ".join(f"{k}={v}" for k, v in info.items() if v is not None and k != "collection")
     click.echo(f"# {desc}")
     for q in results:
@@ -412,8 +457,8 @@ def _emit(results: list[dict], fmt: str, info: dict) -> None:
         if q.get("top_anchors"):
             click.echo("top anchors: " + "; ".join(f"{_shorten(a['anchor'], 40)} ({a['probability']:.2f})"
                                                   for a in q["top_anchors"]))
-        rows = [[str(h["rank"]), str(h["id"]), f"{h['distance']:.6g}",
-                 *(_shorten("" if h.get(c) is None else h[c], 60) for c in columns)] for h in q["results"]]
+        rows = [[str(h["rank"]), *([cell(h["id"])] if ids else []), str(h["row"]), f"{h['distance']:.6g}",
+                 *(_shorten(cell(h.get(c)), 60) for c in columns)] for h in q["results"]]
         click.echo(_table(rows, header))
 
 
@@ -464,23 +509,23 @@ def _to_numpy(x: Any) -> Any:
 
 def _query_options(f):
     """--query-row, --query-id, --query-text, --query-image; the command receives the rows and
-    ids together as ``query_ids``, a list of ("row", N) and ("id", VALUE) pairs."""
+    ids together as ``query_refs``, a list of ("row", N) and ("id", VALUE) pairs."""
 
     @functools.wraps(f)
     def command(*args, query_rows=(), query_id_values=(), **kwargs):
         refs = [("row", r) for r in query_rows] + [("id", v) for v in query_id_values]
-        return f(*args, query_ids=refs, **kwargs)
+        return f(*args, query_refs=refs, **kwargs)
 
     command = click.option("--query-image", "query_images", multiple=True, metavar="PATH",
                            help="Image query, embedded with the collection's encoder (repeatable).")(command)
     command = click.option("--query-text", "query_texts", multiple=True, metavar="TEXT",
                            help="Text query, embedded with the collection's encoder (repeatable).")(command)
     command = click.option("--query-id", "query_id_values", multiple=True, metavar="ID",
-                           help="A value of the collection's 'id' column to use as a query (repeatable); "
-                                "the item itself is left out of its results unless --include-self.")(command)
+                           help="The item whose value in the collection's 'id' column is ID, as a query "
+                                "(repeatable); it is left out of its own results unless --include-self.")(command)
     command = click.option("--query-row", "query_rows", multiple=True, type=click.IntRange(min=0), metavar="N",
-                           help="A row number (0-based) of the collection to use as a query (repeatable); "
-                                "the row itself is left out of its results unless --include-self.")(command)
+                           help="The item at row N (0-based) of the collection, as a query (repeatable); "
+                                "it is left out of its own results unless --include-self.")(command)
     return command
 
 
@@ -697,16 +742,18 @@ def _diagnose(collection: str, emb: Any, tau: float | None, top: int) -> None:
 @click.option("--index", "index_path", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Search a saved index (anchordiv index build) instead; its model and anchors are used.")
 @click.option("--asymmetric", is_flag=True, help="Rank by d(q‖g) instead of the symmetrized divergence.")
-@click.option("--include-self", is_flag=True, help="Keep a --query-id row in its own results.")
+@click.option("--include-self", is_flag=True, help="Keep a --query-row/--query-id item in its own results.")
 @click.option("--device", default=None, help="Torch device for the encoder and the search.")
 @_FORMAT_OPTION
-def search(collection: str, query_ids, query_texts, query_images, anchor_spec, model_name, tau, components, rank,
+def search(collection: str, query_refs, query_texts, query_images, anchor_spec, model_name, tau, components, rank,
            seed, k, encoder, index_path, asymmetric, include_self, device, fmt) -> None:
     """Nearest neighbours of queries in a collection under one anchor geometry.
 
-    Queries are rows of the collection (--query-id), texts (--query-text) or images
-    (--query-image), embedded with the encoder recorded in the collection (or --encoder).
-    The temperature defaults to the collection's (the encoder's) tau.
+    Queries are items of the collection (--query-row N, its row number; --query-id ID,
+    its value in the 'id' column), texts (--query-text) or images (--query-image),
+    embedded with the encoder recorded in the collection (or --encoder). Each result
+    shows the item's id (when the collection has an 'id' column) and its row. The
+    temperature defaults to the collection's (the encoder's) tau.
 
     Example:
 
@@ -726,7 +773,7 @@ def search(collection: str, query_ids, query_texts, query_images, anchor_spec, m
                                 ("--seed", seed), ("--asymmetric", asymmetric or None)) if v is not None]
         if given:
             raise click.UsageError(f"{', '.join(given)} cannot be combined with --index (the index holds its model)")
-        _search_index(index_path, coll, query_ids, query_texts, query_images, k, encoder, include_self, device, fmt)
+        _search_index(index_path, coll, query_refs, query_texts, query_images, k, encoder, include_self, device, fmt)
         return
     _check_model_options([model_name], tau, components, rank, seed)
     enc = _collection_encoder(coll, encoder, device)
@@ -736,7 +783,7 @@ def search(collection: str, query_ids, query_texts, query_images, anchor_spec, m
     anchor_set = anchor_list[0][1] if anchor_list else None
     t = _default_tau(tau, coll, [a[2] for a in anchor_list], enc, [model_name])
     model = _build_model(model_name, _anchors_to(anchor_set, device), t, components, rank, seed)
-    queries = _gather_queries(coll, query_ids, query_texts, query_images, enc, coll.dim)
+    queries = _gather_queries(coll, query_refs, query_texts, query_images, enc, coll.dim)
     import numpy as np
 
     Q = np.stack(queries.vectors).astype(np.float32)
@@ -748,7 +795,7 @@ def search(collection: str, query_ids, query_texts, query_images, anchor_spec, m
     if anchor_set is not None and t is not None:
         _add_top_anchors(results, anchor_set, Q, t)
     _emit(results, fmt, {"collection": collection, "model": model_name, "anchors": anchor_spec,
-                         "tau": t if model_name in TAU_MODELS else None, "k": k})
+                         "tau": t if model_name in TAU_MODELS else None, "k": k}, ids=_has_ids(coll))
 
 
 def _add_top_anchors(results: list[dict], anchors: Any, Q: Any, tau: float, top: int = 3) -> None:
@@ -759,33 +806,50 @@ def _add_top_anchors(results: list[dict], anchors: Any, Q: Any, tau: float, top:
     for qi, res in enumerate(results):
         res["top_anchors"] = [{"anchor": a, "probability": p} for a, p in ex.top_anchors(qi)]
         res["effective_anchors"] = float(ex.effective_number[qi])
-def _parse_filter(spec: str | None, backend: str) -> Any:
-    """``--filter``: ``@PATH`` (ids, one per line), a comma list of ids, or (milvus) a boolean expression."""
-    import numpy as np
 
-    if spec is None:
-        return None
+
+#: An id list of --filter: comma-separated values without spaces, quotes, brackets or comparison signs.
+_ID_LIST = re.compile(r"[^\s,=<>!()\[\]\"']+(,[^\s,=<>!()\[\]\"']+)*,?")
+
+
+def _read_list(spec: str, option: str) -> list[str]:
+    """The values of ``@PATH`` (whitespace-separated) or of a comma list."""
     if spec.startswith("@"):
         try:
-            text = Path(spec[1:]).read_text(encoding="utf-8")
+            return Path(spec[1:]).read_text(encoding="utf-8").split()
         except OSError as exc:
-            raise click.BadParameter(f"cannot read the id file {spec[1:]!r} ({exc.strerror})", param_hint="--filter")
-        parts = text.split()
-    elif backend == "milvus":
-        return spec
-    else:
-        parts = [p for p in spec.split(",") if p.strip()]
-    try:
-        return np.array([int(p) for p in parts], dtype=np.int64)
-    except ValueError:
-        raise click.BadParameter(
-            f"{spec!r} is not a list of ids: pass ids as 3,17,42 or @ids.txt (one id per line); "
-            "boolean expressions need a milvus index", param_hint="--filter") from None
+            raise click.BadParameter(f"cannot read the file {spec[1:]!r} ({exc.strerror})", param_hint=option)
+    return [p.strip() for p in spec.split(",") if p.strip()]
 
 
-def _search_index(index_path: str, coll: Any, query_ids, query_texts, query_images, k: int, encoder: str | None,
+def _parse_filter(coll: Any, ids: str | None, rows: str | None, backend: str, n: int) -> Any:
+    """The rows to search from ``--filter`` (ids, or a milvus expression) or ``--filter-rows``; None for all."""
+    import numpy as np
+
+    if ids is not None and rows is not None:
+        raise click.UsageError("pass either --filter (ids) or --filter-rows (row numbers), not both")
+    if rows is not None:
+        values = _read_list(rows, "--filter-rows")
+        try:
+            parsed = [int(v) for v in values]
+        except ValueError:
+            raise click.BadParameter(f"{rows!r} is not a list of row numbers: pass them as 3,17,42 or @rows.txt "
+                                     "(one per line)", param_hint="--filter-rows") from None
+        return np.array(_check_rows(parsed, n, "--filter-rows"), dtype=np.int64)
+    if ids is None:
+        return None
+    if not ids.startswith("@") and not _ID_LIST.fullmatch(ids.strip()):
+        if backend == "milvus":
+            return ids
+        raise click.BadParameter(f"{ids!r} is not a list of ids: pass ids as a,b,c or @ids.txt (one per line); "
+                                 "boolean expressions need a milvus index", param_hint="--filter")
+    values = _read_list(ids, "--filter")
+    return np.array(_rows_of_ids(coll, values, "--filter", "--filter-rows"), dtype=np.int64)
+
+
+def _search_index(index_path: str, coll: Any, query_refs, query_texts, query_images, k: int, encoder: str | None,
                   include_self: bool, device: str | None, fmt: str, load_params: dict | None = None,
-                  filter_spec: str | None = None) -> None:
+                  filter_ids: str | None = None, filter_rows: str | None = None) -> None:
     """Search a saved index and print the results (shared by ``search --index`` and ``index search``)."""
     import numpy as np
 
@@ -797,21 +861,23 @@ def _search_index(index_path: str, coll: Any, query_ids, query_texts, query_imag
     idx = Index.load(index_path, device=device, **(load_params or {}))
     if coll is not None and len(idx) and int(np.max(idx.ids)) >= len(coll):
         raise ValueError(
-            f"--index: {index_path!r} holds ids up to {int(np.max(idx.ids))} but the collection has {len(coll)} rows; "
+            f"--index: {index_path!r} holds rows up to {int(np.max(idx.ids))} but the collection has {len(coll)} rows; "
             "pass the collection the index was built from"
         )
     enc_name = encoder or meta.get("encoder")
     enc = _collection_encoder(coll, enc_name, device) if coll is not None else (
         LazyEncoder(enc_name, device) if enc_name else None)
-    queries = _gather_queries(coll, query_ids, query_texts, query_images, enc, idx.dim)
+    allowed = _parse_filter(coll, filter_ids, filter_rows, idx.backend,
+                            len(coll) if coll is not None else int(np.max(idx.ids, initial=-1)) + 1)
+    queries = _gather_queries(coll, query_refs, query_texts, query_images, enc, idx.dim)
     Q = np.stack(queries.vectors).astype(np.float32)
     _check_k(k, len(idx))
     (Qd,) = _as_device(device, Q)
-    dist, ids = idx.search(Qd, k=_k_left(k, len(idx), queries, include_self), exclude=_own_rows(queries, include_self),
-                           filter=_parse_filter(filter_spec, idx.backend))
-    results = _results(coll, queries, _to_numpy(dist), _to_numpy(ids))
+    dist, rows = idx.search(Qd, k=_k_left(k, len(idx), queries, include_self),
+                            exclude=_own_rows(queries, include_self), filter=allowed)
+    results = _results(coll, queries, _to_numpy(dist), _to_numpy(rows))
     _emit(results, fmt, {"index": index_path, "backend": idx.backend, "model": meta.get("model"),
-                         "anchors": meta.get("anchors"), "tau": meta.get("tau"), "k": k})
+                         "anchors": meta.get("anchors"), "tau": meta.get("tau"), "k": k}, ids=_has_ids(coll))
 
 
 @cli.command(short_help="Neighbours under several geometries, as an HTML report.")
@@ -828,14 +894,14 @@ def _search_index(index_path: str, coll: Any, query_ids, query_texts, query_imag
 @click.option("--label", "label_columns", multiple=True, metavar="COLUMN",
               help="Metadata column whose shared values mark a neighbour as relevant (repeatable; the first "
                    "gives the green border; default: 'label' when the collection has it).")
-@click.option("--include-self", is_flag=True, help="Keep a --query-id row in its own results.")
+@click.option("--include-self", is_flag=True, help="Keep a --query-row/--query-id item in its own results.")
 @click.option("--asymmetric", is_flag=True, help="Rank by d(q‖g) instead of the symmetrized divergence.")
 @click.option("--title", default="Neighbours under each geometry", show_default=True, help="Report title.")
 @click.option("--png/--no-png", default=True, show_default=True, help="Also draw grid.png (needs matplotlib).")
 @click.option("--out", "out_dir", default="report", show_default=True, type=click.Path(file_okay=False),
               help="Report folder.")
 @click.option("--device", default=None, help="Torch device for the encoder and the search.")
-def compare(collection, query_ids, query_texts, query_images, anchor_specs, models, tau, components, rank, seed, k,
+def compare(collection, query_refs, query_texts, query_images, anchor_specs, models, tau, components, rank, seed, k,
             encoder, label_columns, include_self, asymmetric, title, png, out_dir, device) -> None:
     """Neighbours of queries under several geometries side by side, written as an HTML report.
 
@@ -874,7 +940,7 @@ def compare(collection, query_ids, query_texts, query_images, anchor_specs, mode
         else:
             geometries[name] = report.ReportGeometry(_build_model(name, None, t, components, rank, seed),
                                                      label=f"{name} (no anchors)")
-    queries = _gather_queries(coll, query_ids, query_texts, query_images, enc, coll.dim)
+    queries = _gather_queries(coll, query_refs, query_texts, query_images, enc, coll.dim)
     meta = coll.metadata
     if label_columns:
         if meta is None:
@@ -900,11 +966,11 @@ def compare(collection, query_ids, query_texts, query_images, anchor_specs, mode
     result = report.compare(
         Qd, Gd, geometries, k=k, query_rows=queries.rows, exclude_self=not include_self,
         labels={c: meta[c].to_numpy() for c in label_cols} or None, items=items, query_items=query_items,
-        query_titles=[f"#{_item_id(coll, r)}" if r is not None else f"{kind} query"
+        query_titles=[_item_tag(coll, r) if r is not None else f"{kind} query"
                       for kind, r in zip(queries.kinds, queries.rows)],
         kind=coll.kind or "text", symmetric=not asymmetric,
         info={key: v for key, v in info.items() if v is not None},
-        item_ids=[_item_id(coll, r) for r in range(len(coll))],
+        item_ids=[_item_id(coll, r) for r in range(len(coll))] if _has_ids(coll) else None,
     )
     paths = report.write_report(result, out_dir, title=title, png=png)
     click.echo(os.fspath(paths))
@@ -947,9 +1013,9 @@ def index_build(collection, anchor_spec, model_name, tau, components, rank, seed
                 asymmetric, encoder, device, out_path, workers, scheduler) -> None:
     """Fit a geometry and store a collection in a saved index.
 
-    The index keeps the fitted model and the collection's row numbers as ids; a small
-    OUT.anchordiv.json next to it records the collection, encoder and anchors for
-    'index search'. Milvus without --param uri=... uses a milvus-lite file OUT.milvus.db.
+    The index keeps the fitted model and keys each vector by its row number in the
+    collection; a small OUT.anchordiv.json next to it records the collection, encoder
+    and anchors for 'index search'. Milvus without --param uri=... uses a milvus-lite file OUT.milvus.db.
 
     Example:
 
@@ -1028,38 +1094,45 @@ def _dask_client(workers: int | None, scheduler: str | None):
 @_query_options
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Neighbours per query.")
 @click.option("--collection", default=None, type=click.Path(exists=True),
-              help="Collection for metadata and --query-id (default: the one the index was built from).")
+              help="Collection for metadata, --query-id and --filter (default: the one the index was built from).")
 @click.option("--encoder", default=None, metavar="SPEC", help="Encoder for text/image queries (default: the index's).")
-@click.option("--include-self", is_flag=True, help="Keep a --query-id row in its own results.")
+@click.option("--include-self", is_flag=True, help="Keep a --query-row/--query-id item in its own results.")
 @click.option("--device", default=None, help="Torch device for the encoder and the search.")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Run-time index parameter, e.g. ef_search=256, shortlist=200, or for milvus uri=... and "
                    "token=... (a token needs uri= in the same command; repeatable).")
-@click.option("--filter", "filter_spec", default=None, metavar="EXPR",
-              help="Search only some rows: ids as 3,17,42 or @ids.txt (one id per line), or for milvus a boolean "
-                   "expression on the collection's fields, e.g. 'id >= 100' or 'label == \"cat\"'.")
+@click.option("--filter", "filter_ids", default=None, metavar="IDS|EXPR",
+              help="Search only the items with these values of the collection's 'id' column: a,b,c or @ids.txt "
+                   "(one per line); for milvus also a boolean expression on the collection's fields, e.g. "
+                   "'label == \"cat\"'.")
+@click.option("--filter-rows", "filter_rows", default=None, metavar="ROWS",
+              help="Search only these row numbers (0-based) of the collection: 3,17,42 or @rows.txt.")
 @_FORMAT_OPTION
-def index_search(index_path, query_ids, query_texts, query_images, k, collection, encoder, include_self, device,
-                 params, filter_spec, fmt) -> None:
+def index_search(index_path, query_refs, query_texts, query_images, k, collection, encoder, include_self, device,
+                 params, filter_ids, filter_rows, fmt) -> None:
     """Search a saved index.
 
     A Milvus token is sent only to a uri named on the same command line
     (--param uri=... --param token=...), never to the uri stored in the file.
 
+    An id is a value of the collection's 'id' column (--query-id, --filter, the 'id'
+    of each result); a row is a 0-based row number (--query-row, --filter-rows, 'row').
+
     Example:
 
     \b
       anchordiv index search coll.index --query-text "a red car" -k 5
-      anchordiv index search coll.index --query-id 12 --format csv
+      anchordiv index search coll.index --query-id 12 --filter 3,17,42 --format csv
+      anchordiv index search coll.index --query-row 0 --filter-rows @rows.txt
     """
     coll = _load_collection(collection) if collection else None
-    _search_index(index_path, coll, query_ids, query_texts, query_images, k, encoder, include_self, device, fmt,
-                  _parse_params(params), filter_spec)
+    _search_index(index_path, coll, query_refs, query_texts, query_images, k, encoder, include_self, device, fmt,
+                  _parse_params(params), filter_ids, filter_rows)
 
 
 @cli.command(short_help="Run the scene demo (AUPRC table and report).")
-@click.option("--out", "out_dir", default="demo-report", show_default=True, type=click.Path(file_okay=False),
-              help="Report folder.")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Report folder.  [default: demo-report, or emoji-demo-report with --images]")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the collection and the query choice.")
 @click.option("--n", "n", type=click.IntRange(min=2), default=360, show_default=True,
               help="Scene descriptions in the demo collection (smaller is faster).")
@@ -1093,6 +1166,8 @@ def demo(out_dir: str, seed: int, n: int, k: int, n_queries: int, encoder: str, 
     """
     from . import demo as demo_module
 
+    if out_dir is None:
+        out_dir = "emoji-demo-report" if images else "demo-report"
     if images:
         from . import image_demo
 
@@ -1109,10 +1184,10 @@ def demo(out_dir: str, seed: int, n: int, k: int, n_queries: int, encoder: str, 
                                   n_queries=n_queries, echo=None)
     click.echo(f"Mean AUPRC on {n} scene descriptions (encoder {encoder}; relevance = same factor value):")
     click.echo(demo_module.format_table(result.auprc))
-    click.echo(f"report: {result.report_path}")
     tables = getattr(result, "table_paths", None) or {}
     if tables:
         click.echo("tables: " + ", ".join(str(p) for p in tables.values()))
+    click.echo(f"report: {result.report_path}")
 
 
 def _register_eval() -> None:

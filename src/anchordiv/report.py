@@ -173,7 +173,8 @@ class ComparisonResult:
     info : dict
         Extra facts shown in the report header.
     item_ids : list or None
-        The id shown for each gallery row (None: the row number).
+        Each gallery row's id (its value in the collection's 'id' column); None when the
+        collection has no such column, where an item's id is its row number.
     top_anchors : dict of str to list
         Per geometry with an anchor set, each query's most probable anchors
         ``[(text, probability)]`` under the softmax over them
@@ -204,8 +205,12 @@ class ComparisonResult:
         return _render_html(_view(self, "Neighbours under each geometry", _Thumbs(THUMBNAIL_PX)), fragment=True)
 
     def item_id(self, row: int) -> Any:
-        """The id a gallery row is shown with: ``item_ids[row]``, else the row number."""
+        """The id of the item at gallery ``row``: ``item_ids[row]``, else the row number."""
         return row if self.item_ids is None else self.item_ids[row]
+
+    def item_label(self, row: int) -> str:
+        """How the report names the item at gallery ``row``: ``id ID (row N)``, or ``row N``."""
+        return _item_label(self.item_ids, row)
 
     @property
     def n_queries(self) -> int:
@@ -246,8 +251,9 @@ class ComparisonResult:
         -------
         pandas.DataFrame
             One row per (query, geometry, rank) with columns ``query`` (position),
-            ``query_index``, ``geometry``, ``rank`` (1-based), ``index`` (gallery row),
-            ``distance`` and ``relevant_<factor>`` per factor (NA when unknown).
+            ``query_index``, ``geometry``, ``rank`` (1-based), ``row`` (the neighbour's
+            gallery row), ``id`` (its id, the row without ``item_ids``), ``distance`` and
+            ``relevant_<factor>`` per factor (NA when unknown).
         """
         import pandas as pd
 
@@ -255,9 +261,10 @@ class ComparisonResult:
         for qi in range(self.n_queries):
             for r in self.rows:
                 for rank in range(self.k):
+                    row = int(self.indices[r.name][qi, rank])
                     rec = {
                         "query": qi, "query_index": int(self.query_indices[qi]), "geometry": r.name,
-                        "rank": rank + 1, "index": int(self.indices[r.name][qi, rank]),
+                        "rank": rank + 1, "row": row, "id": self.item_id(row),
                         "distance": float(self.distances[r.name][qi, rank]),
                     }
                     for f in self.factors:
@@ -306,6 +313,11 @@ def _to_numpy(x: Any) -> np.ndarray:
             x = x.float()
         x = x.numpy()
     return np.asarray(x)
+
+
+def _item_label(item_ids: Sequence[Any] | None, row: int) -> str:
+    """``id ID (row N)``, or ``row N`` when there are no ids."""
+    return f"row {row}" if item_ids is None else f"id {item_ids[row]} (row {row})"
 
 
 def _take_rows(X: Any, rows: np.ndarray) -> Any:
@@ -476,7 +488,8 @@ def compare(
     query_items : sequence, optional
         The items of ``queries`` (default: the gallery items at ``query_rows``).
     query_titles : sequence of str, optional
-        Heading of each query in ``queries`` (default: ``"Query i · #row"``).
+        Heading of each query in ``queries`` (default: ``"Query i · id ID (row N)"`` for a
+        gallery item, ``"Query i · row N"`` when the items have no ids).
     kind : {"text", "image"}, optional
         What the items are (default: the collection's kind, else ``"text"``).
     mark : sequence of str, optional
@@ -490,8 +503,8 @@ def compare(
         Show (True) or hide (False) the search progress bars; by default they are shown
         for long searches only.
     item_ids : sequence, optional
-        The id shown for each gallery row, as the command line shows it (default: the
-        collection's ``id`` metadata column when it has one, else the row number).
+        Each gallery row's id, as the command line shows it (default: the collection's
+        ``id`` metadata column when it has one; without it an item's id is its row number).
 
     Returns
     -------
@@ -572,7 +585,7 @@ def compare(
             raise ValueError(f"query_titles has {len(query_titles)} entries but there are {m_all} queries.")
         titles = [query_titles[q] for q in qidx]
     else:
-        titles = [f"Query {j + 1}" + (f" · #{r if item_ids is None else item_ids[r]}" if r is not None else "")
+        titles = [f"Query {j + 1}" + (f" · {_item_label(item_ids, r)}" if r is not None else "")
                   for j, r in enumerate(own)]
 
     factors = _normalize_labels(labels, collection, n, "labels")
@@ -846,7 +859,9 @@ class Chip:
 
 @dataclass
 class NeighbourView:
-    """One neighbour card; ``relevant`` maps factor tokens (``f0``, ...) to relevance, known ones only."""
+    """One neighbour card; ``index`` is its gallery row, ``id`` its id (the row where there are
+    no ids), ``label`` its name (``id ID (row N)``, or ``row N``); ``relevant`` maps factor
+    tokens (``f0``, ...) to relevance, known ones only."""
 
     rank: int
     index: int
@@ -857,6 +872,7 @@ class NeighbourView:
     relevant: dict[str, bool]
     chips: list[Chip]
     content: Content
+    label: str = ""
 
 
 @dataclass
@@ -934,11 +950,11 @@ def _view(r: ComparisonResult, title: str, thumbs: _Thumbs) -> ReportView:
                 vals = r.gallery_values
                 chips = [Chip(f, _fmt_value(vals[f][g]) if vals[f] is not None else f, rel[f])
                          for f in known if f in grow.mark]
-                shown_id = str(r.item_id(g))
                 neighbours.append(NeighbourView(
-                    rank + 1, g, shown_id, d, _fmt_d(d), rel.get(grow.factor, False),
+                    rank + 1, g, str(r.item_id(g)), d, _fmt_d(d), rel.get(grow.factor, False),
                     {token[f]: v for f, v in rel.items()},
-                    chips, content(("g", g), r.items[g] if r.items is not None else None, f"item #{shown_id}")))
+                    chips, content(("g", g), r.items[g] if r.items is not None else None, r.item_label(g)),
+                    r.item_label(g)))
             listed = grow.anchor_texts[:MAX_LISTED_ANCHORS]
             precision = [(f, _fmt_p(float(r.precision_at_k(grow.name, f)[qi])), f == grow.factor)
                          for f in order if f in grow.mark or f == grow.factor]
@@ -949,7 +965,7 @@ def _view(r: ComparisonResult, title: str, thumbs: _Thumbs) -> ReportView:
                                 " · ".join(f"{_short(a, 40)} {p:.2f}" for a, p in top[qi]) if top else ""))
         text = str(item) if item is not None and (r.kind == "text" or _is_text_query(item)) else None
         values = [(f, _fmt_value(r.query_values[f][qi])) for f in r.factors if r.query_values[f][qi] is not None]
-        head = "query" + (f" · #{r.item_id(own)}" if own is not None else "")
+        head = "query" + (f" · {r.item_label(own)}" if own is not None else "")
         queries.append(QueryView(qi, int(r.query_indices[qi]), r.query_titles[qi], text, values, head, card, rows))
     return ReportView(title, r.kind, r.k, len(r.rows), [(str(k), str(v)) for k, v in r.info.items()],
                       [(t, f) for f, t in token.items()], queries, thumbs.skipped())

@@ -7,6 +7,7 @@ has an image tower, ``_encode_image_batch``) on one batch; this module turns tho
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -249,7 +250,9 @@ class Encoder:
     def model(self) -> Any:
         """The backend model, loaded on first access by encoders that load lazily."""
         if self._model is None:
-            with self._load_lock:
+            from .._progress import quiet_loading
+
+            with self._load_lock, quiet_loading():
                 if self._model is None:
                     self._model = self._load_model()
         return self._model
@@ -290,7 +293,8 @@ class Encoder:
             Items per forward pass; defaults to the encoder's ``batch_size``.
         progress : bool, optional
             Show a tqdm progress bar. ``None`` shows one when the input spans more than
-            ``PROGRESS_MIN_BATCHES`` batches.
+            ``PROGRESS_MIN_BATCHES`` batches; inside a silenced
+            :func:`anchordiv._progress.progress_scope` none is shown.
 
         Returns
         -------
@@ -365,7 +369,7 @@ class Encoder:
         little; every text is tokenised once, in its batch. The rows are written into one
         preallocated array at their input positions (no concatenation, no reordering copy).
         """
-        from tqdm.auto import tqdm
+        from .._progress import progress_bar
 
         bs = self.batch_size if batch_size is None else check_batch_size(batch_size)
         n = len(items)
@@ -375,8 +379,8 @@ class Encoder:
         else:
             order = np.arange(n)
         out: np.ndarray | None = None
-        with torch.inference_mode(), tqdm(total=n, unit=kind, desc=f"{self.name} {kind}s",
-                                          disable=not show) as bar:
+        bar = progress_bar(total=n, unit=kind, desc=f"{self.name} {kind}s", show=show)
+        with torch.inference_mode(), contextlib.closing(bar):
             for start in range(0, n, bs):
                 rows = order[start:start + bs]
                 batch = [items[i] for i in rows]

@@ -83,15 +83,19 @@ class HFCLIPEncoder(Encoder):
                 f"encoder spec {spec!r} names no model; use 'hf_clip:ORG/NAME' or "
                 "'hf_clip:/path/to/folder'."
             )
+        from .._progress import quiet_loading
+
         transformers = require("transformers", PIP_NAME, f"encoder spec {spec!r}")
-        model = transformers.AutoModel.from_pretrained(name_or_path)
+        with quiet_loading():
+            model = transformers.AutoModel.from_pretrained(name_or_path)
         if not callable(getattr(model, "get_text_features", None)):
             raise ValueError(
                 f"encoder spec {spec!r}: {type(model).__name__} has no get_text_features(); "
                 "hf_clip: needs a CLIP-like image-text model. For a text embedding model use "
                 "'sentence-transformers:NAME'."
             )
-        tokenizer, image_processor = self._load_processors(transformers, name_or_path, spec)
+        with quiet_loading():
+            tokenizer, image_processor = self._load_processors(transformers, name_or_path, spec)
         model.to(device).eval()
         self._tokenizer = tokenizer
         self._image_processor = image_processor

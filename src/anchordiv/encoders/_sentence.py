@@ -106,10 +106,13 @@ class SentenceTransformerEncoder(Encoder):
         )
 
     def _load_model(self) -> Any:
+        from .._progress import quiet_loading
+
         st = require("sentence_transformers", PIP_NAME, f"encoder spec {self.name!r}")
-        model = st.SentenceTransformer(
-            self._name_or_path, device=str(self.device), local_files_only=self._local_files_only
-        )
+        with quiet_loading():  # transformers is imported now, so its bars can be hidden
+            model = st.SentenceTransformer(
+                self._name_or_path, device=str(self.device), local_files_only=self._local_files_only
+            )
         model.eval()
         getter = getattr(model, "get_embedding_dimension", None) or getattr(
             model, "get_sentence_embedding_dimension", None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -91,6 +92,7 @@ class _Inputs:
         from .core import EvalData
 
         _threads(opts["threads"])
+        opts["progress"] = _progress(opts["progress"])
         self.opts = opts
         self.collection = load_collection(opts["collection"])
         multilabel = sorted(set(opts["factors"])) if opts.get("multilabel") else ()
@@ -204,6 +206,21 @@ class _Inputs:
                   **{k: v for k, v in kwargs.items() if v is not None}))
 
 
+def _progress(progress: bool | None) -> bool | str:
+    """``--progress/--no-progress``: a bar on a terminal, else a line per step (``"log"``).
+
+    Until the command ends, every other bar is silenced unless bars were asked for, the
+    bar that transformers shows while a model loads included.
+    """
+    from .._progress import LOG, progress_scope
+
+    mode = progress if progress is not None else (True if sys.stderr.isatty() else LOG)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.with_resource(progress_scope(mode))
+    return mode
+
+
 def _threads(threads: int | None) -> None:
     if threads is not None:
         import torch
@@ -241,7 +258,9 @@ def _warn_alias(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 
 _RUN = _options(
     click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder."),
-    click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal)."),
+    click.option("--progress/--no-progress", default=None,
+                 help="Progress bar; --no-progress silences every bar (default: a bar on a terminal, else a line "
+                      "per step)."),
     click.option("--threads", type=click.IntRange(min=1), default=None,
                  help="Torch threads (1 avoids slow small LAPACK calls on a busy machine)."))
 
@@ -456,10 +475,10 @@ def table(models, baselines, multilabel, per_value, values, all_queries, n_draws
               help="Gallery size.")
 @click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True, help="Timed calls.")
 @_RUN
-def runtime(models, threads, **kwargs):
+def runtime(models, threads, progress, **kwargs):
     """Fit + search time against the number of anchors on synthetic vectors; paper Table 4."""
     _threads(threads)
-    _echo(P.runtime(models=models or _default(P.runtime, "models"), **kwargs))
+    _echo(P.runtime(models=models or _default(P.runtime, "models"), progress=_progress(progress), **kwargs))
 
 
 def eval_command() -> click.Group:

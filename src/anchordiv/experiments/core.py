@@ -642,8 +642,8 @@ def fit_score(name: str, anchors: AnchorSet | None, data: EvalData, factors: Seq
 
 
 # --------------------------------------------------------------------------- misc
-def progress_bar(total: int, desc: str, progress: bool | None):
-    """A tqdm bar (shown on a terminal when ``progress`` is None)."""
+def progress_bar(total: int, desc: str, progress: bool | str | None):
+    """A tqdm bar (shown on a terminal when ``progress`` is None), or a line per step for ``"log"``."""
     from .._progress import progress_bar as bar
 
     return bar(total=total, desc=desc, show=progress)
@@ -673,16 +673,19 @@ def metric_scope(metric: str | None):
 
 
 def honours_progress(protocol):
-    """Run ``protocol`` so that ``progress=False`` silences every bar it opens, nested ones included,
-    and ``metric=NAME`` (a :func:`anchordiv.metrics.get_metric` name, default ``"auprc"``)
-    replaces AP as the per-query score everywhere in it; the result's value columns are then named
-    after the metric."""
+    """Run ``protocol`` so that ``progress=False`` silences every bar it opens, nested ones included
+    (``progress="log"`` prints a line per step of the protocol instead, and no bar), and
+    ``metric=NAME`` (a :func:`anchordiv.metrics.get_metric` name, default ``"auprc"``) replaces AP
+    as the per-query score everywhere in it; the result's value columns are then named after the
+    metric."""
     import functools
 
-    from .._progress import progress_scope
+    from .._progress import check_progress, progress_scope
 
     @functools.wraps(protocol)
     def run(*args, metric: str | None = None, **kwargs):
+        if "progress" in kwargs:
+            kwargs["progress"] = check_progress(kwargs["progress"])
         with progress_scope(kwargs.get("progress")), metric_scope(metric):
             return protocol(*args, **kwargs)
 

@@ -130,7 +130,7 @@ def coordinate(data: EvalData, anchors_a: AnchorSet, anchors_b: AnchorSet, facto
                models: Sequence[str] = ("softmax",), baselines: Sequence[str] = ("cosine",),
                proportions: Sequence[float] | None = None, n_draws: int = 5, anchor_fraction: float = 0.8,
                tau: float | None = None, model_params: Mapping[str, Mapping[str, Any]] | None = None,
-               out_dir: Any = None, seed: int = 0, n_boot: int = 1000, progress: bool | None = None,
+               out_dir: Any = None, seed: int = 0, n_boot: int = 1000, progress: bool | str | None = None,
                names: tuple[str, str] | None = None) -> ProtocolResult:
     """Anchor distributions select the semantic coordinate (paper §5.2, Fig. 3).
 
@@ -168,8 +168,8 @@ def coordinate(data: EvalData, anchors_a: AnchorSet, anchors_b: AnchorSet, facto
         Seed of the draws, the GMM initialisation and the bootstrap.
     n_boot : int, optional
         Bootstrap replicates of the intervals.
-    progress : bool, optional
-        Show the progress bar (default: on a terminal).
+    progress : bool or "log", optional
+        Show the progress bar (default: on a terminal); ``"log"`` prints one line per step.
     names : (str, str), optional
         Display names of the two anchor sets (default: the factor names).
 
@@ -285,7 +285,7 @@ def coordinate(data: EvalData, anchors_a: AnchorSet, anchors_b: AnchorSet, facto
 def budget(data: EvalData, anchors: AnchorSet, factor: str, *, budgets: Sequence[int] | None = None,
            models: Sequence[str] = ANCHOR_MODELS, baselines: Sequence[str] = BASELINES, n_draws: int = 5,
            tau: float | None = None, model_params: Mapping[str, Mapping[str, Any]] | None = None,
-           out_dir: Any = None, seed: int = 0, n_boot: int = 1000, progress: bool | None = None,
+           out_dir: Any = None, seed: int = 0, n_boot: int = 1000, progress: bool | str | None = None,
            name: str | None = None) -> ProtocolResult:
     """Parametric models with few anchors, softmax at full coverage (paper §5.3, Figs. 4, 6).
 
@@ -431,7 +431,7 @@ def adaptation(data: EvalData, broad: AnchorSet, target: AnchorSet, factor: str,
                budgets: Sequence[int] | None = None, models: Sequence[str] = POSTERIOR_MODELS,
                references: Sequence[str] = ("softmax", "cosine"), include_broad: bool = True, n_draws: int = 5,
                tau: float | None = None, model_params: Mapping[str, Mapping[str, Any]] | None = None,
-               out_dir: Any = None, seed: int = 0, n_boot: int = 1000, progress: bool | None = None,
+               out_dir: Any = None, seed: int = 0, n_boot: int = 1000, progress: bool | str | None = None,
                names: tuple[str, str] | None = None) -> ProtocolResult:
     """Posterior models adapt a broad geometry with few target anchors (paper §5.4, Fig. 5).
 
@@ -589,7 +589,7 @@ def adaptation(data: EvalData, broad: AnchorSet, target: AnchorSet, factor: str,
 def components(data: EvalData, anchor_sets: Any, *, n_components: Sequence[int] = (1, 2, 4, 8),
                n_draws: int = 3, references: Sequence[str] = ("softmax", "cosine"), tau: float | None = None,
                model_params: Mapping[str, Mapping[str, Any]] | None = None, out_dir: Any = None, seed: int = 0,
-               n_boot: int = 1000, progress: bool | None = None) -> ProtocolResult:
+               n_boot: int = 1000, progress: bool | str | None = None) -> ProtocolResult:
     """Mixture complexity against anchor-set structure (paper App. F.3, Fig. 7).
 
     For each anchor set (with the factor it describes) and each number of components M,
@@ -739,7 +739,7 @@ def table(data: EvalData, entries: Any, *, models: Sequence[str] = ("softmax",),
           baselines: Sequence[str] = BASELINES, per_value: bool | Sequence[Any] | None = None, n_draws: int = 1,
           anchor_fraction: float = 1.0, tau: float | Sequence[float] | None = None,
           model_params: Mapping[str, Mapping[str, Any]] | None = None, out_dir: Any = None, seed: int = 0,
-          n_boot: int = 1000, progress: bool | None = None) -> ProtocolResult:
+          n_boot: int = 1000, progress: bool | str | None = None) -> ProtocolResult:
     """Per-label AUPRC differences against cosine and ITI (paper Tables 2 and 3).
 
     Each entry is a label of the table: an anchor set and the factor it describes (one
@@ -918,7 +918,7 @@ _TIMES = ["model", "n_anchors", "n_queries", "n_gallery", "seconds", "fit_s", "s
 @honours_progress
 def runtime(*, models: Sequence[str] = RUNTIME_MODELS, n_anchors: Sequence[int] = (256, 1024, 4096),
             n_queries: int = 200, n_gallery: int = 2000, repeats: int = 2, out_dir: Any = None,
-            progress: bool | None = None) -> ProtocolResult:
+            progress: bool | str | None = None) -> ProtocolResult:
     """Fit + search time against the number of anchors (paper App. F.4, Table 4).
 
     For every model and anchor count N, :func:`anchordiv.experiments.timing.worker`

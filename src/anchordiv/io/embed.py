@@ -282,11 +282,29 @@ def _open_images(items: Sequence[str], idx: list[int], skipped: list[dict]) -> t
     return images, kept
 
 
-def _encoder_info(encoder: Any) -> tuple[str, int | None, float | None]:
-    name = str(getattr(encoder, "name", type(encoder).__name__))
+def _encoder_name(encoder: Any) -> str:
+    return str(getattr(encoder, "name", type(encoder).__name__))
+
+
+def _encoder_info(encoder: Any) -> tuple[int | None, float | None]:
+    """The encoder's ``dim`` and ``tau`` (reading ``dim`` may load its model)."""
     dim = getattr(encoder, "dim", None)
     tau = getattr(encoder, "tau", None)
-    return name, (None if dim is None else int(dim)), (None if tau is None else float(tau))
+    return (None if dim is None else int(dim)), (None if tau is None else float(tau))
+
+
+def _unloaded_tau(encoder: Any) -> tuple[bool, float | None]:
+    """``(known, tau)``: the encoder's ``tau`` when it can be read without loading a model.
+
+    A :class:`~anchordiv.encoders.LazyEncoder` would load its encoder to answer; its tau
+    follows from its spec, which the job compares by name.
+    """
+    from ..encoders._lazy import LazyEncoder
+
+    if isinstance(encoder, LazyEncoder):
+        return False, None
+    tau = getattr(encoder, "tau", None)
+    return True, None if tau is None else float(tau)
 
 
 def _checked_vectors(vecs: Any, rows: list[int], dim: int | None, np_dtype: np.dtype, enc_name: str,
@@ -310,6 +328,22 @@ def _checked_vectors(vecs: Any, rows: list[int], dim: int | None, np_dtype: np.d
     return vecs
 
 
+def _honours_progress(fn: Callable) -> Callable:
+    """Run ``fn`` so that ``progress=False`` also silences the bars of the encoder and of its model's loading."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from .._progress import progress_scope
+
+        progress = sig.bind(*args, **kwargs).arguments.get("progress", True)
+        with progress_scope(bool(progress)):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+@_honours_progress
 def embed_collection(
     items: Any,
     encoder: Any,
@@ -354,8 +388,9 @@ def embed_collection(
     dtype : {"float32", "float16"}, optional
         Storage type of the embedding shards.
     progress : bool, optional
-        Show a tqdm progress bar. ``False`` also passes ``progress=False`` to the encoder
-        when its method accepts that argument.
+        Show a tqdm progress bar. ``False`` silences every bar of the run, the encoder's
+        and its model's loading ("Loading weights") included, and passes
+        ``progress=False`` to the encoder when its method accepts that argument.
     batch_size : int, optional
         Items per encoder call.
     item_column : str, optional
@@ -385,7 +420,10 @@ def embed_collection(
     ``PIL.Image.open(path).convert("RGB")``); files that cannot be opened or decoded are
     skipped and listed (index in ``items``, path, reason) in the result and the manifest.
     Exceptions raised by the encoder are not caught: they stop the job, which can then be
-    resumed. One process at a time should write to a folder.
+    resumed. One process at a time should write to a folder. A finished job is recognised
+    without loading the encoder's model: by its items, labels, encoder name, kind, shard
+    size and dtype, and its ``tau`` unless the encoder is a
+    :class:`~anchordiv.encoders.LazyEncoder` (whose tau follows from its name).
     """
     kind = _check_choice(kind, "kind", _KINDS)
     np_dtype = _check_dtype(dtype)
@@ -393,15 +431,13 @@ def embed_collection(
     batch_size = positive_int(batch_size, "batch_size")
     item_col = str(item_column) if item_column is not None else _ITEM_COLUMN[kind]
     item_list, label_df = _prepare_items(items, labels, kind, item_col)
-    enc_name, enc_dim, enc_tau = _encoder_info(encoder)
+    enc_name = _encoder_name(encoder)
     method = "encode_text" if kind == "text" else "encode_images"
-    if not callable(getattr(encoder, method, None)):
-        raise ValueError(f"encoder {enc_name!r} has no {method}() method, needed for kind={kind!r}")
 
     n = len(item_list)
     n_shards = -(-n // shard_size)
     job = {
-        "kind": kind, "encoder": enc_name, "encoder_dim": enc_dim, "tau": enc_tau, "dtype": np_dtype.name,
+        "kind": kind, "encoder": enc_name, "encoder_dim": None, "tau": None, "dtype": np_dtype.name,
         "shard_size": shard_size, "n_items": n, "items_sha256": _sha256(item_list),
         "label_columns": None if label_df is None else list(label_df.columns),
         "labels_sha256": _sha256_frame(label_df),
@@ -412,6 +448,20 @@ def embed_collection(
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir {str(out)!r} is a file; pass a folder path")
     resumed = manifest_path.is_file()
+    if resumed:
+        # a finished job is recognised without loading the encoder's model (its dim follows from its name)
+        known, tau = _unloaded_tau(encoder)
+        finished = {k: v for k, v in job.items() if k not in ("encoder_dim", "tau")}
+        manifest = _resume(out, {**finished, "tau": tau} if known else finished)
+        if len(manifest["shards"]) >= n_shards:
+            if not manifest["complete"]:
+                manifest["complete"] = True
+                _write_json(manifest_path, manifest)
+            return _result(manifest, out, 0, resumed)
+    if not callable(getattr(encoder, method, None)):
+        raise ValueError(f"encoder {enc_name!r} has no {method}() method, needed for kind={kind!r}")
+    enc_dim, enc_tau = _encoder_info(encoder)
+    job["encoder_dim"], job["tau"] = enc_dim, enc_tau
     if resumed:
         manifest = _resume(out, job)
     else:
@@ -430,24 +480,18 @@ def embed_collection(
         _write_json(manifest_path, manifest)
 
     start = len(manifest["shards"])
-    if start >= n_shards:
-        if not manifest["complete"]:
-            manifest["complete"] = True
-            _write_json(manifest_path, manifest)
-        return _result(manifest, out, 0, resumed)
-
     prefix = _EMB_PREFIX[kind]
     (out / prefix).mkdir(parents=True, exist_ok=True)
     (out / _METADATA_DIR).mkdir(parents=True, exist_ok=True)
     pd = _pandas()
-    from tqdm.auto import tqdm
+    from .._progress import progress_bar
 
     encode = getattr(encoder, method)
     if not progress and _accepts_kwarg(encode, "progress"):
         encode = functools.partial(encode, progress=False)  # silence the encoder's own bars
     dim = manifest.get("dim")
     written = 0
-    bar = tqdm(total=n, initial=start * shard_size, unit="item", desc=f"embedding {kind}s", disable=not progress)
+    bar = progress_bar(total=n, initial=start * shard_size, unit="item", desc=f"embedding {kind}s", show=bool(progress))
     try:
         for s in range(start, n_shards):
             lo, hi = s * shard_size, min(n, (s + 1) * shard_size)
