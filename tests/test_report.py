@@ -175,7 +175,7 @@ def test_html_structure_and_markers(text_setup, tmp_path):
     sections = root.find_all("section", cls="query")
     assert len(sections) == len(qi)
     for sec, q in zip(sections, qi):
-        assert int(sec.attrs["data-query-index"]) == q
+        assert int(sec.attrs["data-query-row"]) == q
         assert s["texts"][q] in sec.find_all("p", cls="qtext")[0].text()
         qvalues = sec.find_all("p", cls="qvalues")[0].text()
         assert f"color: {s['labels']['color'][q]}" in qvalues
@@ -195,9 +195,9 @@ def test_html_structure_and_markers(text_setup, tmp_path):
             cards = row.find_all("div", cls="nbr")
             assert len(cards) == k
             j = qi.index(q)
-            assert [int(c.attrs["data-index"]) for c in cards] == res.indices[name][j].tolist()
+            assert [int(c.attrs["data-row"]) for c in cards] == res.indices[name][j].tolist()
             for rank, c in enumerate(cards):
-                g = int(c.attrs["data-index"])
+                g = int(c.attrs["data-row"])
                 assert int(c.attrs["data-rank"]) == rank + 1
                 assert g != q
                 assert s["texts"][g] in c.text()
@@ -276,7 +276,7 @@ def test_image_collection_embeds_thumbnails(tmp_path):
     out = write_report(res, tmp_path / "rep")
     root = parse(out.html).root
     imgs = root.find_all("img")
-    n_missing = sum(int(c.attrs["data-index"]) == 7 for c in root.find_all("div", cls="nbr"))
+    n_missing = sum(int(c.attrs["data-row"]) == 7 for c in root.find_all("div", cls="nbr"))
     assert len(imgs) == 2 * len(geoms) * (k + 1) - n_missing
     for img in imgs:
         src = img.attrs["src"]
@@ -341,7 +341,7 @@ def test_items_are_named_by_id_and_row(text_setup, tmp_path):
     root = parse(write_report(res, tmp_path, png=False).html).root
     cards = root.find_all("div", cls="nbr")
     assert [c.attrs["data-id"] for c in cards] == [ids[g] for g in idx]
-    assert [int(c.attrs["data-index"]) for c in cards] == idx.tolist()
+    assert [int(c.attrs["data-row"]) for c in cards] == idx.tolist()
     assert "query · id x103 (row 3)" in root.find_all("div", cls="query")[0].text()
 
 

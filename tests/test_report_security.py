@@ -150,9 +150,9 @@ def test_payloads_in_every_field_are_escaped(payload, tmp_path):
     for t, a in p.tags:
         a = dict(a)
         if t == "section":
-            q = int(a["data-query-index"])
+            q = int(a["data-query-row"])
         if t == "div" and "nbr" in a["class"].split():
-            g = int(a["data-index"])
+            g = int(a["data-row"])
             cards.append(g)
             for tok, f in (("f0", factor), ("f1", "shape")):
                 assert a[f"data-relevant-{tok}"] == ("1" if labels[f][g] == labels[f][q] else "0")

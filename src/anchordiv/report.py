@@ -251,7 +251,7 @@ class ComparisonResult:
         -------
         pandas.DataFrame
             One row per (query, geometry, rank) with columns ``query`` (position),
-            ``query_index``, ``geometry``, ``rank`` (1-based), ``row`` (the neighbour's
+            ``query_row``, ``geometry``, ``rank`` (1-based), ``row`` (the neighbour's
             gallery row), ``id`` (its id, the row without ``item_ids``), ``distance`` and
             ``relevant_<factor>`` per factor (NA when unknown).
         """
@@ -263,7 +263,7 @@ class ComparisonResult:
                 for rank in range(self.k):
                     row = int(self.indices[r.name][qi, rank])
                     rec = {
-                        "query": qi, "query_index": int(self.query_indices[qi]), "geometry": r.name,
+                        "query": qi, "query_row": int(self.query_indices[qi]), "geometry": r.name,
                         "rank": rank + 1, "row": row, "id": self.item_id(row),
                         "distance": float(self.distances[r.name][qi, rank]),
                     }
@@ -859,12 +859,12 @@ class Chip:
 
 @dataclass
 class NeighbourView:
-    """One neighbour card; ``index`` is its gallery row, ``id`` its id (the row where there are
+    """One neighbour card; ``row`` is its gallery row, ``id`` its id (the row where there are
     no ids), ``label`` its name (``id ID (row N)``, or ``row N``); ``relevant`` maps factor
     tokens (``f0``, ...) to relevance, known ones only."""
 
     rank: int
-    index: int
+    row: int
     id: str
     distance: float
     distance_text: str
@@ -896,7 +896,7 @@ class QueryView:
     """One query: heading, text (text queries only), known factor values, its card and its rows."""
 
     position: int
-    index: int
+    row: int
     title: str
     text: str | None
     values: list[tuple[str, str]]

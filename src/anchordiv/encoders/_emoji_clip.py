@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._progress import quiet_loading
 from ._base import Encoder, require, tau_from_logit_scale
 
 #: OpenAI CLIP's image normalisation, which OpenCLIP uses by default.
@@ -143,7 +144,8 @@ class EmojiCLIPEncoder(Encoder):
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # MiniLM's pooler is unused, as in OpenCLIP
         try:
-            model.text = transformers.AutoModel.from_pretrained(text_path, add_pooling_layer=False)
+            with quiet_loading():
+                model.text = transformers.AutoModel.from_pretrained(text_path, add_pooling_layer=False)
         finally:
             transformers.logging.set_verbosity(verbosity)
         model.proj = torch.nn.Linear(*state["text.proj.weight"].T.shape, bias=False)
