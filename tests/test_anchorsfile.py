@@ -12,7 +12,6 @@ from anchordiv.anchorsfile import (
     cache_path,
     embed_anchors,
     encoder_slug,
-    escape_set_name,
     load_anchor_texts,
     parse_anchor_spec,
     read_anchors_file,
@@ -134,20 +133,93 @@ def test_parse_anchor_spec(yaml_file, tmp_path):
         parse_anchor_spec(f"{yaml_file}:")
 
 
-def test_set_names_with_spaces_and_escapes(tmp_path):
+def test_set_names_with_spaces_and_labels(tmp_path):
     p = tmp_path / "findings.yaml"
-    p.write_text("'pleural effusion': [fluid in the pleural space]\n'a:b,c=d': [x]\n")
-    assert list(read_anchors_file(p).sets) == ["pleural effusion", "a:b,c=d"]
-    assert escape_set_name("a:b,c=d") == "a\\:b\\,c\\=d"
-    assert parse_anchor_spec(f"{p}:pleural effusion:0.3,{escape_set_name('a:b,c=d')}") == (
-        p, [("pleural effusion", 0.3), ("a:b,c=d", None)])
+    p.write_text("'pleural effusion': [fluid in the pleural space]\n'big heart': [x]\n")
+    assert list(read_anchors_file(p).sets) == ["pleural effusion", "big heart"]
+    assert parse_anchor_spec(f"{p}:pleural effusion:0.3,big heart") == (
+        p, [("pleural effusion", 0.3), ("big heart", None)])
     labels = {}
     assert parse_anchor_spec(f"{p}:pleural effusion=Effusion", labels=labels) == (p, [("pleural effusion", None)])
     assert labels == {"pleural effusion": "Effusion"}
-    # without a labels dict, '=' is part of the name
-    assert parse_anchor_spec(f"{p}:x=y") == (p, [("x=y", None)])
+    # a label may hold the spec characters, escaped
+    labels = {}
+    parse_anchor_spec(f"{p}:big heart=Cardio\\:megaly\\,x", labels=labels)
+    assert labels == {"big heart": "Cardio:megaly,x"}
     with pytest.raises(ValueError, match="missing label"):
         parse_anchor_spec(f"{p}:x=", labels={})
+
+
+@pytest.mark.parametrize("key, bad", [('"a,b"', ","), ('"a:b"', ":"), ('"x=y"', "="), ('"a\\\\b"', "\\"),
+                                      ('"a:b,c"', ",:"), ('"tab\\tname"', "\t")])
+def test_set_names_with_spec_characters_are_refused(tmp_path, key, bad):
+    """A set name is joined raw into specs (PATH:NAME[:P],...) and context names: 'a,b' would
+    select the mixture of a and b. Such names are refused with the set and the characters."""
+    p = tmp_path / "sets.yaml"
+    p.write_text(f"{key}: [x]\nok: [y]\n")
+    with pytest.raises(ValueError, match="set name") as info:
+        read_anchors_file(p)
+    assert str(p) in str(info.value)
+    assert f"holds {', '.join(repr(c) for c in bad)};" in str(info.value)
+
+
+def test_embedded_anchors_refuse_spec_characters_in_set_names(tmp_path):
+    from anchordiv.anchorsfile import EmbeddedAnchors
+
+    A = AnchorSet(np.eye(2))
+    with pytest.raises(ValueError, match=r"set name 'a,b'.*','"):
+        EmbeddedAnchors(path=tmp_path / "x.yaml", sets={"a,b": A}, mix={"a,b": 1.0}, encoder="fake", tau=0.05)
+
+
+def test_a_cache_with_other_set_names_is_recomputed(yaml_file):
+    enc = FakeEncoder()
+    emb = embed_anchors(yaml_file, enc)
+    z = dict(np.load(emb.cache_file))
+    z["set_names"] = np.array(["object,style", "style"])
+    np.savez(emb.cache_file, **z)
+    again = embed_anchors(yaml_file, enc)
+    assert list(again.sets) == ["object", "style"] and not again.from_cache
+
+
+@pytest.mark.parametrize("content, key, line", [
+    ("a: [x]\nb: [y]\na: [z]\n", "'a'", 3),
+    ("a:\n  phrases: [x]\n  phrases: [y]\n", "'phrases'", 3),
+    ("a:\n  names: [x]\n  template: '{}'\n  weights: [1]\n  mix: 1\n  mix: 2\n", "'mix'", 6),
+    ("a:\n  phrases: [{k: 1, k: 2}]\n", "'k'", 2),
+])
+def test_duplicate_yaml_keys_are_refused(tmp_path, content, key, line):
+    """yaml.safe_load keeps the last of duplicate keys; a duplicate at any level is an error
+    naming the key and its line."""
+    p = tmp_path / "dup.yaml"
+    p.write_text(content)
+    with pytest.raises(ValueError, match=rf"duplicate key {key}.*line {line}") as info:
+        read_anchors_file(p)
+    assert str(p) in str(info.value)
+
+
+def test_template_expansion_is_capped(tmp_path):
+    """names × templates is bounded per file (default 100,000 phrases); the error names the set
+    and the product, and max_phrases= raises the cap."""
+    names = ", ".join(f"n{i}" for i in range(400))
+    templates = ", ".join(f'"t{j} {{}}"' for j in range(300))
+    p = tmp_path / "big.yaml"
+    p.write_text(f"small: [a, b]\nbig:\n  names: [{names}]\n  template: [{templates}]\n")
+    with pytest.raises(ValueError, match=r"set 'big'.*400 names × 300 templates = 120,000 phrases.*100,000"):
+        read_anchors_file(p)
+    assert len(read_anchors_file(p, max_phrases=120_002).sets["big"].texts) == 120_000
+    with pytest.raises(ValueError, match=r"set 'big'.*120,002 phrases.*120,001"):
+        read_anchors_file(p, max_phrases=120_001)
+    with pytest.raises(ValueError, match="max_phrases"):
+        resolve_anchors(f"{p}:small", FakeEncoder())
+    two = tmp_path / "two.yaml"
+    two.write_text(f"one:\n  names: [{names}]\n  template: [{templates}]\n"
+                   f"two:\n  names: [{names}]\n  template: [{templates}]\n")
+    with pytest.raises(ValueError, match=r"set 'two'.*240,000 phrases"):
+        read_anchors_file(two, max_phrases=200_000)
+    txt = tmp_path / "lines.txt"
+    txt.write_text("\n".join(f"p{i}" for i in range(11)))
+    with pytest.raises(ValueError, match=r"set 'lines'.*11 phrases.*10"):
+        read_anchors_file(txt, max_phrases=10)
 
 
 def _set_mass(A, texts):

@@ -12,6 +12,7 @@ import importlib.util
 import math
 import numbers
 import os
+import stat
 import uuid
 from typing import Any, Callable
 
@@ -142,10 +143,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], *, advic
     """Write ``path`` with ``write(file)`` through a temporary file in the same folder.
 
     The temporary is ``.NAME.PID.RANDOM.tmp``; it is synced and then moved over ``path``
-    with ``os.replace`` (keeping the permissions of a file it replaces), and the folder is
-    synced, so a failure at any point leaves the previous file, if any, as it was and no
-    temporary behind. Temporaries of killed writes of the same path (their PID has ended)
-    are removed first.
+    with ``os.replace`` (keeping the permissions of a file it replaces; a symbolic link at
+    ``path`` is replaced itself, its target is never written), and the folder is synced,
+    so a failure at any point leaves the previous file, if any, as it was and no temporary
+    behind. Temporaries of killed writes of the same path (their PID has ended) are
+    removed first.
 
     Parameters
     ----------
@@ -172,8 +174,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None], *, advic
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        if os.path.exists(path):
-            os.chmod(tmp, os.stat(path).st_mode & 0o777)
+        with contextlib.suppress(FileNotFoundError):
+            previous = os.lstat(path)
+            if stat.S_ISREG(previous.st_mode):  # a symlink at path is replaced, its target never touched
+                os.chmod(tmp, previous.st_mode & 0o777)
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):

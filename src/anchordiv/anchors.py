@@ -14,6 +14,7 @@ import torch
 
 from ._backend import as_tensor, positive_int
 from ._util import EmbeddingRows
+from .linalg import unit_rows
 
 
 class AnchorSet(EmbeddingRows):
@@ -65,6 +66,9 @@ class AnchorSet(EmbeddingRows):
             total = float(w.sum())
             if total <= 0:
                 raise ValueError("weights are all zero; give at least one anchor positive weight.")
+            if total == float("inf"):
+                raise ValueError("weights sum to more than the largest float64 (the sum overflows); "
+                                 "divide them by a common factor (only their ratios matter).")
             w = w / total
         self.weights: torch.Tensor = w
 
@@ -91,11 +95,7 @@ class AnchorSet(EmbeddingRows):
 
     def normalized(self) -> "AnchorSet":
         """A copy with every embedding scaled to unit ℓ2 norm."""
-        norms = self.embeddings.norm(dim=1, keepdim=True)
-        if bool((norms == 0).any()):
-            raise ValueError("embeddings contains an all-zero row, which has no direction; drop it before normalizing.")
-        out = AnchorSet(self.embeddings / norms, texts=self.texts, weights=self.weights)
-        return out
+        return AnchorSet(unit_rows(self.embeddings, "embeddings"), texts=self.texts, weights=self.weights)
 
     def subsample(self, n: int, seed: int | None = 0) -> "AnchorSet":
         """Draw ``n`` anchors uniformly without replacement, reproducibly for a given ``seed``.

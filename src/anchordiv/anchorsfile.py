@@ -14,7 +14,13 @@ An *anchors file* is either
     them): every name × template becomes a phrase, in name-major order. ``weights:``
     then has one entry per name (spread evenly over its templates) or one per phrase.
 
-  A YAML file that is a plain list is one set named after the file stem.
+  A YAML file that is a plain list is one set named after the file stem. A key given twice in
+  one mapping, at any level, is an error (YAML itself would keep the last).
+
+A set name is any non-empty text without leading or trailing spaces, control characters or the
+characters ``,`` ``:`` ``=`` ``\\``, which separate sets, proportions and labels in the specs
+below. A file expands to at most :data:`MAX_PHRASES` phrases (names × templates included);
+``max_phrases=`` raises the cap.
 
 Example::
 
@@ -35,16 +41,18 @@ proportions share the mass equally; either every name has a proportion or none h
 ``PATH`` means every set of the file, mixed by their ``mix:`` values (1 each by default).
 
 :func:`embed_anchors` embeds a file with an encoder and caches the result next to it as
-``FILE.anchors.<encoder-slug>.npz``; the cache is reused only when the file's content hash
-and the encoder name both match.
+``FILE.anchors.<encoder-slug>.npz``; the cache is reused only when the file's content hash,
+the encoder name and the set names all match.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
 import re
+import unicodedata
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,10 +68,11 @@ __all__ = [
     "AnchorsFile",
     "EmbeddedAnchors",
     "cache_path",
+    "check_set_name",
     "embed_anchors",
     "encoder_slug",
-    "escape_set_name",
     "load_anchor_texts",
+    "MAX_PHRASES",
     "parse_anchor_spec",
     "ResolvedAnchors",
     "read_anchors_file",
@@ -76,8 +85,10 @@ YAML_SUFFIXES = (".yaml", ".yml")
 
 _CACHE_FORMAT = "anchordiv.anchors-cache"
 _CACHE_VERSION = 1
-#: Characters of the spec syntax; a set name holding one is written with a backslash before it.
+#: Characters of the spec syntax, which no set name may hold (a label writes them after a backslash).
 _SPEC_CHARS = ",:=\\"
+#: Most phrases one anchors file may expand to (every set, names × templates included).
+MAX_PHRASES = 100_000
 
 
 class AnchorTexts(NamedTuple):
@@ -149,6 +160,10 @@ class EmbeddedAnchors:
     cache_file: Path | None = None
     from_cache: bool = False
     n_phrases: int = field(default=0)
+
+    def __post_init__(self) -> None:
+        for name in self.sets:
+            check_set_name(name, f"anchors of {str(self.path)!r}")
 
     def anchor_set(self, selection: Sequence[tuple[str, float | None]] | None = None,
                    arg: str = "anchors") -> AnchorSet:
@@ -291,10 +306,21 @@ _SET_RULES: tuple[tuple[Callable[[set], bool], str], ...] = (
 )
 
 
-def _parse_set(spec: Any, where: str) -> tuple[AnchorTexts, float]:
-    """One YAML set → (texts and weights, default mix proportion), checked against the schema."""
+def _check_count(count: int, total: int, limit: int, where: str, how: str) -> None:
+    """Raise unless ``total`` phrases (this set's ``count`` included) fit in ``limit``."""
+    if total > limit:
+        file_total = f", which brings the file to {total:,} phrases" if total != count else ""
+        raise ValueError(f"{where} {how} {count:,} phrases{file_total}, over the cap of {limit:,} per file; "
+                         "use fewer names or templates, or pass max_phrases= a larger number")
+
+
+def _parse_set(spec: Any, where: str, before: int = 0, limit: int = MAX_PHRASES) -> tuple[AnchorTexts, float]:
+    """One YAML set → (texts and weights, default mix proportion), checked against the schema and
+    against ``limit`` phrases for the file, ``before`` of which earlier sets hold."""
     if isinstance(spec, list):
-        return AnchorTexts(_phrase_list(spec, where), None), 1.0
+        texts = _phrase_list(spec, where)
+        _check_count(len(texts), before + len(texts), limit, where, "has")
+        return AnchorTexts(texts, None), 1.0
     if not isinstance(spec, dict):
         raise ValueError(
             f"{where} must be a list of phrases or a mapping with 'phrases:' or 'names:' and "
@@ -309,6 +335,12 @@ def _parse_set(spec: Any, where: str) -> tuple[AnchorTexts, float]:
     value = {key: check(spec[key], f"{where}.{key}") for key, check in _SET_FIELDS.items() if key in spec}
     names = value.get("names", [])
     templates = value.get("template", value.get("templates", []))
+    if names:
+        count = len(names) * len(templates)
+        how = f"expands {len(names):,} names × {len(templates):,} templates ="
+    else:
+        count, how = len(value["phrases"]), "has"
+    _check_count(count, before + count, limit, where, how)
     texts = [t.replace("{}", n) for n in names for t in templates] or value["phrases"]
     weights = value.get("weights")
     if weights is not None:
@@ -323,20 +355,25 @@ def _parse_set(spec: Any, where: str) -> tuple[AnchorTexts, float]:
     return AnchorTexts(texts, weights), value.get("mix", 1.0)
 
 
-def _check_set_name(name: Any, path: Path) -> str:
+def check_set_name(name: Any, where: str) -> str:
+    """``name`` as a set name (see the module docstring), else a ``ValueError`` starting with ``where``.
+
+    Specs, context names and index names join set names raw (``FILE:a:0.7,b``), so a name
+    holding ``,`` ``:`` ``=`` or ``\\`` would name other sets or proportions there.
+    """
     if isinstance(name, bool) or not isinstance(name, (str, int, float)):
-        raise ValueError(f"anchors file {str(path)!r}: set names must be strings, got {name!r}")
+        raise ValueError(f"{where}: set names must be strings, got {name!r}")
     name = str(name)
     if not name.strip() or name != name.strip():
+        raise ValueError(f"{where}: set name {name!r} must be non-empty without leading or trailing spaces")
+    bad = [c for c in _SPEC_CHARS if c in name] + sorted({c for c in name if unicodedata.category(c) == "Cc"})
+    if bad:
         raise ValueError(
-            f"anchors file {str(path)!r}: set name {name!r} must be non-empty without leading or trailing spaces"
+            f"{where}: set name {name!r} holds {', '.join(repr(c) for c in bad)}; set names may not hold "
+            "',' ':' '=' '\\' or control characters, which separate sets, proportions and labels in "
+            "FILE:NAME[:P],NAME specs; rename the set"
         )
     return name
-
-
-def escape_set_name(name: str) -> str:
-    """``name`` as written in an anchors spec: ``\\`` before each ``,``, ``:``, ``=`` and ``\\``."""
-    return "".join("\\" + ch if ch in _SPEC_CHARS else ch for ch in name)
 
 
 def _split_spec(text: str, sep: str, maxsplit: int = -1) -> list[str]:
@@ -361,13 +398,48 @@ def _unescape(text: str) -> str:
     return re.sub(r"\\(.)", r"\1", text)
 
 
-def read_anchors_file(path: str | os.PathLike) -> AnchorsFile:
+class _DuplicateKey(Exception):
+    """A key given twice in one YAML mapping (``line`` counts from 1)."""
+
+    def __init__(self, key: Any, line: int):
+        super().__init__(key, line)
+        self.key, self.line = key, line
+
+
+@functools.cache
+def _unique_key_loader() -> type:
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping, at any level
+    (SafeLoader keeps the last); keys brought in by a ``<<`` merge may be overridden."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeLoader's own error follows
+                    continue
+                if duplicate:
+                    raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
+def read_anchors_file(path: str | os.PathLike, *, max_phrases: int = MAX_PHRASES) -> AnchorsFile:
     """Parse an anchors file (plain text or YAML).
 
     Parameters
     ----------
     path : str or os.PathLike
         The file; ``.yaml``/``.yml`` files are read as YAML, others as plain text.
+    max_phrases : int, optional
+        Most phrases the file may expand to, over all sets (names × templates included).
 
     Returns
     -------
@@ -380,7 +452,9 @@ def read_anchors_file(path: str | os.PathLike) -> AnchorsFile:
     FileNotFoundError
         If the file does not exist.
     ValueError
-        If the file holds no anchors, is not valid YAML, or a set is malformed.
+        If the file holds no anchors, is not valid YAML, gives a key twice in one mapping, names a
+        set with a character that specs reserve, expands to more than ``max_phrases`` phrases,
+        or a set is malformed.
     ImportError
         If a YAML file is given and PyYAML is not installed.
     """
@@ -390,37 +464,41 @@ def read_anchors_file(path: str | os.PathLike) -> AnchorsFile:
     if p.is_dir():
         raise ValueError(f"anchors file {str(p)!r} is a directory; pass a .txt or .yaml file")
     digest = _sha256_file(p)
-    stem = _check_set_name(re.sub(r"[,:\s]+", "_", p.stem) or "anchors", p)
+    where = f"anchors file {str(p)!r}"
+    stem = check_set_name(re.sub(r"[,:=\\\s\x00-\x1f\x7f-\x9f]+", "_", p.stem) or "anchors", where)
     if p.suffix.lower() in YAML_SUFFIXES:
         yaml = require("yaml", "pyyaml", "YAML anchors files")
         try:
             with open(p, encoding="utf-8") as fh:
-                data = yaml.safe_load(fh)
+                data = yaml.load(fh, Loader=_unique_key_loader())
+        except _DuplicateKey as exc:
+            raise ValueError(f"{where}: duplicate key {exc.key!r} at line {exc.line}; "
+                             "give each set and each key of a set once") from None
         except yaml.YAMLError as exc:
             msg = " ".join(str(exc).split())
-            raise ValueError(f"anchors file {str(p)!r} is not valid YAML: {msg}") from None
+            raise ValueError(f"{where} is not valid YAML: {msg}") from None
         if isinstance(data, list):
             data = {stem: data}
         if data is not None and not isinstance(data, dict):
-            raise ValueError(
-                f"anchors file {str(p)!r} must hold a mapping of set name -> set, got {type(data).__name__}"
-            )
+            raise ValueError(f"{where} must hold a mapping of set name -> set, got {type(data).__name__}")
         if not data:
-            raise ValueError(f"anchors file {str(p)!r} is empty; give at least one anchor set")
+            raise ValueError(f"{where} is empty; give at least one anchor set")
         sets: dict[str, AnchorTexts] = {}
         mix: dict[str, float] = {}
         for raw_name, spec in data.items():
-            name = _check_set_name(raw_name, p)
+            name = check_set_name(raw_name, where)
             if name in sets:
-                raise ValueError(f"anchors file {str(p)!r}: set {name!r} is defined twice")
-            sets[name], mix[name] = _parse_set(spec, f"anchors file {str(p)!r}: set {name!r}")
+                raise ValueError(f"{where}: set {name!r} is defined twice")
+            before = sum(len(t.texts) for t in sets.values())
+            sets[name], mix[name] = _parse_set(spec, f"{where}: set {name!r}", before, max_phrases)
         if sum(mix.values()) <= 0:
-            raise ValueError(f"anchors file {str(p)!r}: every set has mix: 0; give one a positive mix")
+            raise ValueError(f"{where}: every set has mix: 0; give one a positive mix")
     else:
         with open(p, encoding="utf-8") as fh:
             texts = [t for t in (line.strip() for line in fh) if t and not t.startswith("#")]
         if not texts:
-            raise ValueError(f"anchors file {str(p)!r} holds no anchors (only blank lines or # comments)")
+            raise ValueError(f"{where} holds no anchors (only blank lines or # comments)")
+        _check_count(len(texts), len(texts), max_phrases, f"{where}: set {stem!r}", "has")
         sets, mix = {stem: AnchorTexts(texts, None)}, {stem: 1.0}
     return AnchorsFile(path=p, sets=sets, mix=mix, sha256=digest)
 
@@ -490,8 +568,8 @@ def _encoder_name(encoder: Any) -> str:
     return name
 
 
-def _read_cache(file: Path, digest: str, encoder_name: str) -> dict | None:
-    """The cached arrays when ``file`` matches the hash and encoder, else None."""
+def _read_cache(file: Path, digest: str, encoder_name: str, names: list[str]) -> dict | None:
+    """The cached arrays when ``file`` matches the hash, the encoder and the file's set names, else None."""
     if not file.is_file():
         return None
     try:
@@ -502,6 +580,7 @@ def _read_cache(file: Path, digest: str, encoder_name: str) -> dict | None:
             and int(data["version"]) == _CACHE_VERSION
             and str(data["sha256"]) == digest
             and str(data["encoder"]) == encoder_name
+            and [str(n) for n in data["set_names"]] == names
         )
     except Exception:  # a corrupt or foreign cache is recomputed
         return None
@@ -519,7 +598,7 @@ def _write_cache(file: Path, arrays: Mapping[str, np.ndarray]) -> bool:
 
 
 def embed_anchors(path: str | os.PathLike, encoder: Any, *, cache: bool = True,
-                  refresh: bool = False) -> EmbeddedAnchors:
+                  refresh: bool = False, max_phrases: int = MAX_PHRASES) -> EmbeddedAnchors:
     """Embed the anchor sets of a file, reusing or writing a cache next to it.
 
     Parameters
@@ -535,6 +614,8 @@ def embed_anchors(path: str | os.PathLike, encoder: Any, *, cache: bool = True,
         Read and write ``FILE.anchors.<encoder-slug>.npz``.
     refresh : bool, optional
         Ignore an existing cache and recompute it.
+    max_phrases : int, optional
+        Most phrases the file may expand to (:func:`read_anchors_file`).
 
     Returns
     -------
@@ -548,11 +629,11 @@ def embed_anchors(path: str | os.PathLike, encoder: Any, *, cache: bool = True,
     encoder name both match; otherwise it is recomputed and overwritten. A cache that
     cannot be written (read-only folder) only triggers a warning.
     """
-    parsed = read_anchors_file(path)
+    parsed = read_anchors_file(path, max_phrases=max_phrases)
     name = _encoder_name(encoder)
     file = cache_path(parsed.path, name)
     names = list(parsed.sets)
-    data = _read_cache(file, parsed.sha256, name) if cache and not refresh else None
+    data = _read_cache(file, parsed.sha256, name, names) if cache and not refresh else None
     from_cache = data is not None
     if data is None:
         if isinstance(encoder, str):
@@ -634,7 +715,7 @@ def _parse_selection(text: str, arg: str,
         except ValueError:
             raise ValueError(
                 f"{arg}: bad proportion {prop!r} for set {name!r}; write NAME:P with a number P >= 0, "
-                "e.g. object:0.7,style:0.3 (a ':' inside a set name is written '\\:')"
+                "e.g. object:0.7,style:0.3"
             ) from None
         out.append((name, value))
     return out
@@ -645,11 +726,10 @@ def parse_anchor_spec(spec: str | os.PathLike, arg: str = "anchors",
     """Split ``PATH[:NAME[:P][,NAME[:P]...]]`` into the file and the set selection.
 
     The longest prefix of ``spec`` that names an existing file is the path (so paths
-    containing ``:`` work); the rest, after a ``:``, is the selection. A set name holding
-    ``,``, ``:``, ``=`` or ``\\`` writes it with a backslash before it
-    (:func:`escape_set_name`); spaces need no escape. With a ``labels`` dict, entries
-    ``NAME=LABEL`` are also accepted and ``NAME → LABEL`` is stored in it (``eval table
-    --multilabel``).
+    containing ``:`` work); the rest, after a ``:``, is the selection. Set names hold none of
+    ``,`` ``:`` ``=`` ``\\`` (:func:`check_set_name`); spaces need no escape. With a ``labels``
+    dict, entries ``NAME=LABEL`` are also accepted and ``NAME → LABEL`` is stored in it (``eval
+    table --multilabel``); a label writes ``,`` ``:`` ``=`` ``\\`` with a backslash before each.
 
     Parameters
     ----------
@@ -707,7 +787,7 @@ class ResolvedAnchors:
 
 
 def resolve_anchor_spec(spec_or_path: str | os.PathLike, encoder: Any, *, arg: str = "anchors",
-                        cache: bool = True) -> ResolvedAnchors:
+                        cache: bool = True, max_phrases: int = MAX_PHRASES) -> ResolvedAnchors:
     """Like :func:`resolve_anchors`, but also return the embedded file and the selection.
 
     The selection is checked against the file before anything is embedded, so a wrong
@@ -719,16 +799,16 @@ def resolve_anchor_spec(spec_or_path: str | os.PathLike, encoder: Any, *, arg: s
     """
     path, selection = parse_anchor_spec(spec_or_path, arg)
     try:
-        parsed = read_anchors_file(path)
+        parsed = read_anchors_file(path, max_phrases=max_phrases)
     except ValueError as exc:
         raise ValueError(f"{arg}: {exc}") from None
     _select(list(parsed.sets), parsed.mix, selection, arg, parsed.path)
-    emb = embed_anchors(path, encoder, cache=cache)
+    emb = embed_anchors(path, encoder, cache=cache, max_phrases=max_phrases)
     return ResolvedAnchors(emb.anchor_set(selection, arg=arg), emb, selection)
 
 
 def resolve_anchors(spec_or_path: str | os.PathLike, encoder: Any, *, arg: str = "anchors",
-                    cache: bool = True) -> AnchorSet:
+                    cache: bool = True, max_phrases: int = MAX_PHRASES) -> AnchorSet:
     """An :class:`~anchordiv.AnchorSet` from an anchors file or a mixture spec.
 
     Parameters
@@ -742,6 +822,8 @@ def resolve_anchors(spec_or_path: str | os.PathLike, encoder: Any, *, arg: str =
         Name of the argument the spec came from, used in error messages.
     cache : bool, optional
         Use the embeddings cache next to the file.
+    max_phrases : int, optional
+        Most phrases the file may expand to (:func:`read_anchors_file`).
 
     Returns
     -------
@@ -760,4 +842,4 @@ def resolve_anchors(spec_or_path: str | os.PathLike, encoder: Any, *, arg: str =
     --------
     >>> A = resolve_anchors("anchors.yaml:object:0.7,style:0.3", "minilm")   # doctest: +SKIP
     """
-    return resolve_anchor_spec(spec_or_path, encoder, arg=arg, cache=cache).anchors
+    return resolve_anchor_spec(spec_or_path, encoder, arg=arg, cache=cache, max_phrases=max_phrases).anchors

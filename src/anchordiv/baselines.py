@@ -13,18 +13,15 @@ from typing import Any
 import torch
 
 from ._backend import as_tensor, check_dim
+from .linalg import unit_rows
 from .models.base import Geometry, prepare_anchors
-
-
-def _unit(X: torch.Tensor, name: str) -> torch.Tensor:
-    norms = torch.linalg.vector_norm(X, dim=1, keepdim=True)
-    if not bool(norms.all()):
-        raise ValueError(f"{name} contains an all-zero row, which has no direction; drop it.")
-    return X / norms
 
 
 class Cosine(Geometry):
     """Cosine distance 1 − cos(q, g): the fixed, task-agnostic geometry.
+
+    Rows are scaled to unit norm by :func:`anchordiv.linalg.unit_rows`, so any finite non-zero
+    vector has a direction, however large or small its norm.
 
     ``fit`` is accepted (and ignored) so that every geometry can be used the same way.
     The ``symmetric`` flag is accepted and has no effect: cosine is symmetric.
@@ -46,15 +43,15 @@ class Cosine(Geometry):
         return 1.0  # ψ is the unit vector of g, whatever its norm
 
     def _query_terms(self, Q, symmetric):
-        return Q.new_ones(Q.shape[0]), _unit(Q, "Q")
+        return Q.new_ones(Q.shape[0]), unit_rows(Q, "Q")
 
     def _key_terms(self, G, symmetric):
-        return _unit(G, "G")
+        return unit_rows(G, "G")
 
     def _divergence(self, X, Y):
         if X.shape[1] != Y.shape[1]:
             raise ValueError(f"X has dimension {X.shape[1]} but Y has {Y.shape[1]}.")
-        return 1 - (_unit(X, "X") * _unit(Y, "Y")).sum(1)
+        return 1 - (unit_rows(X, "X") * unit_rows(Y, "Y")).sum(1)
 
     def pairwise(self, Q: Any, G: Any, symmetric: bool = True) -> Any:
         q, _ = as_tensor(Q, "Q")

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import click
 
 from . import __version__
-from ._cli_values import parse_params as _parse_params, parse_rank as _parse_rank
+from ._cli_values import csv_cell as _csv_cell, parse_params as _parse_params, parse_rank as _parse_rank
 from ._util import json_scalar
 from .encoders import LazyEncoder
 from .models import default_tau, model_names, registry
@@ -331,7 +331,7 @@ class _Queries:
 
 
 def _gather_queries(collection: Any, refs: Sequence[tuple[str, Any]], texts: Sequence[str], images: Sequence[str],
-                    encoder: LazyEncoder | None, dim: int | None) -> _Queries:
+                    encoder: LazyEncoder | None, dim: int | None, searched: str = "the collection") -> _Queries:
     import numpy as np
 
     if not (refs or texts or images):
@@ -355,8 +355,8 @@ def _gather_queries(collection: Any, refs: Sequence[tuple[str, Any]], texts: Seq
         bad = [lab for lab, v in zip(q.labels, q.vectors) if v.shape[-1] != dim]
         if bad:
             raise ValueError(
-                f"query {bad[0]!r} has dimension {len(q.vectors[q.labels.index(bad[0])])} but the collection "
-                f"has {dim}; embed queries with the collection's encoder (--encoder)"
+                f"query {bad[0]!r} has dimension {len(q.vectors[q.labels.index(bad[0])])} but {searched} "
+                f"has {dim}; embed queries with the encoder of {searched} (--encoder)"
             )
     return q
 
@@ -439,14 +439,15 @@ def _emit(results: list[dict], fmt: str, info: dict, ids: bool = True) -> None:
     def cell(v: Any) -> str:
         return "" if v is None else str(v)
 
-    if fmt == "csv":
+    if fmt == "csv":  # every cell through csv_cell: no caption, id or label runs as a spreadsheet formula
         buf = _io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["query", "query_kind", "query_id", "query_row", *own, *columns])
+        w.writerow([_csv_cell(c) for c in ["query", "query_kind", "query_id", "query_row", *own, *columns]])
         for q in results:
             for h in q["results"]:
-                w.writerow([q["query"], q["kind"], cell(q.get("id")), cell(q.get("row")), h["rank"], cell(h["id"]),
-                            h["row"], repr(h["distance"]), *(cell(h.get(c)) for c in columns)])
+                w.writerow([_csv_cell(c) for c in (q["query"], q["kind"], q.get("id"), q.get("row"), h["rank"],
+                                                   h["id"], h["row"], repr(h["distance"]),
+                                                   *(h.get(c) for c in columns))])
         click.echo(buf.getvalue(), nl=False)
         return
     header = ["rank", *(["id"] if ids else []), "row", "distance", *columns]
@@ -475,7 +476,66 @@ def _read_index_meta(path: str) -> dict:
             data = json.load(fh)
     except (OSError, ValueError) as exc:
         raise ValueError(f"--index: cannot read {str(p)!r} ({exc}); rebuild the index") from None
-    return data if isinstance(data, dict) else {}
+    except RecursionError:
+        raise ValueError(f"--index: cannot read {str(p)!r}: its JSON is nested too deeply to be the file "
+                         "'index build' writes; rebuild the index") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--index: {str(p)!r} is not a JSON object as 'index build' writes; rebuild the index")
+    return data
+
+
+def _write_index_meta(path: str, meta: dict) -> None:
+    """Write the sidecar of index ``path`` atomically (a symbolic link there is replaced, never followed)."""
+    from ._util import atomic_write
+
+    data = json.dumps(meta, indent=2).encode("utf-8")
+    atomic_write(_index_meta_path(path), lambda fh: fh.write(data), advice="choose another --out")
+
+
+def _current_index_meta(index_path: str, meta: dict, idx: Any, explicit: bool) -> dict:
+    """``meta`` when it describes the index file as loaded (``idx``); {} for a stale sidecar when a
+    collection is given explicitly; otherwise a ``ValueError`` naming the fix."""
+    if not meta:
+        return meta
+    side = str(_index_meta_path(index_path))
+    recorded = meta.get("index_sha256")
+    if recorded is None:
+        warnings.warn(f"{side!r} records no digest of its index (written by an older anchordiv), so it cannot be "
+                      "checked against the index; rebuild the index with 'anchordiv index build' to record one")
+        return meta
+    if recorded == idx.file_digest:
+        return meta
+    if not explicit:
+        raise ValueError(
+            f"--index: {side!r} is stale: it describes another version of {index_path!r} (the index was replaced "
+            "after it was written, e.g. by a build stopped before its end). Rebuild the index with "
+            "'anchordiv index build', or pass --collection with the collection to search (it is checked against "
+            "the index)")
+    warnings.warn(f"{side!r} is stale (it describes another version of {index_path!r}); it is ignored, and the "
+                  "collection given is checked against the index alone")
+    return {}
+
+
+def _check_index_collection(index_path: str, meta: dict, idx: Any, coll: Any, explicit: bool) -> None:
+    """Refuse a collection that is not the one the index was built from: another dimension, or a
+    fingerprint other than the one the sidecar recorded at build time."""
+    import numpy as np
+
+    from .io.collections import fingerprint_mismatch
+
+    where = (f"--collection: {coll.path!r}" if explicit else
+             f"--index: the collection {coll.path!r} named in {str(_index_meta_path(index_path))!r}")
+    if idx.dim is not None and coll.dim != idx.dim:
+        raise ValueError(f"{where} has dimension {coll.dim} but the index {index_path!r} holds vectors of dimension "
+                         f"{idx.dim}; pass the collection the index was built from")
+    if "collection_fingerprint" in meta:
+        why = fingerprint_mismatch(meta["collection_fingerprint"], coll.fingerprint())
+        if why is not None:
+            raise ValueError(f"{where} is not the collection {index_path!r} was built from: {why}. Pass that "
+                             "collection, or rebuild the index from this one with 'anchordiv index build'")
+    if len(idx) and int(np.max(idx.ids)) >= len(coll):
+        raise ValueError(f"{where} has {len(coll)} rows but the index {index_path!r} holds rows up to "
+                         f"{int(np.max(idx.ids))}; pass the collection the index was built from")
 
 
 def _as_device(device: str | None, *arrays: Any) -> list[Any]:
@@ -856,20 +916,19 @@ def _search_index(index_path: str, coll: Any, query_refs, query_texts, query_ima
     from .index import Index
 
     meta = _read_index_meta(index_path)
+    idx = Index.load(index_path, device=device, **(load_params or {}))
+    explicit = coll is not None
+    meta = _current_index_meta(index_path, meta, idx, explicit)
     if coll is None and meta.get("collection"):
         coll = _load_collection(meta["collection"])
-    idx = Index.load(index_path, device=device, **(load_params or {}))
-    if coll is not None and len(idx) and int(np.max(idx.ids)) >= len(coll):
-        raise ValueError(
-            f"--index: {index_path!r} holds rows up to {int(np.max(idx.ids))} but the collection has {len(coll)} rows; "
-            "pass the collection the index was built from"
-        )
+    if coll is not None:
+        _check_index_collection(index_path, meta, idx, coll, explicit)
     enc_name = encoder or meta.get("encoder")
     enc = _collection_encoder(coll, enc_name, device) if coll is not None else (
         LazyEncoder(enc_name, device) if enc_name else None)
     allowed = _parse_filter(coll, filter_ids, filter_rows, idx.backend,
                             len(coll) if coll is not None else int(np.max(idx.ids, initial=-1)) + 1)
-    queries = _gather_queries(coll, query_refs, query_texts, query_images, enc, idx.dim)
+    queries = _gather_queries(coll, query_refs, query_texts, query_images, enc, idx.dim, "the index")
     Q = np.stack(queries.vectors).astype(np.float32)
     _check_k(k, len(idx))
     (Qd,) = _as_device(device, Q)
@@ -1015,7 +1074,8 @@ def index_build(collection, anchor_spec, model_name, tau, components, rank, seed
 
     The index keeps the fitted model and keys each vector by its row number in the
     collection; a small OUT.anchordiv.json next to it records the collection, encoder
-    and anchors for 'index search'. Milvus without --param uri=... uses a milvus-lite file OUT.milvus.db.
+    and anchors for 'index search', with the index's digest and a fingerprint of the
+    collection that 'index search' checks. Milvus without --param uri=... uses a milvus-lite file OUT.milvus.db.
 
     Example:
 
@@ -1055,12 +1115,12 @@ def index_build(collection, anchor_spec, model_name, tau, components, rank, seed
         (sample,) = _as_device(device, np.asarray(coll.embeddings[np.sort(rows)], dtype=np.float32))
         recall = idx.recall(sample, k=min(10, len(idx)))
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    idx.save(out_path)
+    digest = idx.save(out_path)
     meta = {"collection": os.path.abspath(collection), "encoder": enc.name if enc else None,
             "model": model_name, "anchors": anchor_spec, "tau": t if model_name in TAU_MODELS else None,
-            "backend": backend, "n": len(idx), "recall@10": recall}
-    with open(_index_meta_path(out_path), "w", encoding="utf-8") as fh:
-        json.dump(meta, fh, indent=2)
+            "backend": backend, "n": len(idx), "recall@10": recall,
+            "index_sha256": digest, "collection_fingerprint": coll.fingerprint()}
+    _write_index_meta(out_path, meta)
     click.echo(f"Indexed {len(idx)} vectors of {collection} under {model_name} ({backend}) into {out_path}")
     if recall is not None:
         click.echo(f"recall@10 against exact search on {min(RECALL_SAMPLE, len(coll))} sampled rows: {recall:.3f}")

@@ -1,4 +1,5 @@
-"""Linear algebra shared by the models: symmetric eigendecomposition and weighted moments."""
+"""Linear algebra shared by the models: row norms and directions at any scale, symmetric
+eigendecomposition and weighted moments."""
 
 from __future__ import annotations
 
@@ -6,6 +7,32 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from ._backend import row_chunks
+
+
+def _scaled_rows(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(X/m, m) with m_i = max_j |x_ij| (1 for an all-zero row): rows of X/m lie in [−1, 1] with
+    an entry ±1, so no square of them overflows or underflows."""
+    m = X.abs().amax(dim=1, keepdim=True)
+    m = torch.where(m > 0, m, torch.ones_like(m))
+    return X / m, m
+
+
+def row_norms(X: torch.Tensor) -> torch.Tensor:
+    """‖x_i‖ = m_i‖x_i/m_i‖ (m_i = max_j |x_ij|) in float64: exact for every finite row, however
+    large or small (a plain float32 norm overflows above about 1.8e19 and underflows below 1e-19)."""
+    Y, m = _scaled_rows(X.to(torch.float64))
+    return torch.linalg.vector_norm(Y, dim=1) * m[:, 0]
+
+
+def unit_rows(X: torch.Tensor, name: str) -> torch.Tensor:
+    """x_i/‖x_i‖ computed as y_i/‖y_i‖ with y_i = x_i/max_j |x_ij|, in the dtype of ``X``: correct
+    for every finite non-zero row, of norm 1e-44 or 1e38. An all-zero row is a ``ValueError``."""
+    Y, _ = _scaled_rows(X)
+    norms = torch.linalg.vector_norm(Y, dim=1, keepdim=True)
+    if not bool(norms.all()):
+        rows = torch.nonzero(norms[:, 0] == 0).flatten()[:5].tolist()
+        raise ValueError(f"{name} contains an all-zero row (rows {rows}), which has no direction; drop it.")
+    return Y / norms
 
 
 def symmetric_eigh(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

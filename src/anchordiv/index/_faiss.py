@@ -585,6 +585,29 @@ class FaissBackend(Backend):
         except Exception as exc:  # faiss raises RuntimeError with C++ text
             raise ValueError(f"{source!r} is corrupt: faiss could not read its index ({exc}).") from exc
 
+    def _check_lists(self, ivf, n: int, source: str, what: str) -> None:
+        """Raise a ``ValueError`` naming ``source`` unless the IVF lists of ``ivf`` hold each of the
+        positions 0…n−1 exactly once (a search reads stored rows at these positions)."""
+        faiss, lists = self.faiss, self.faiss.extract_index_ivf(ivf).invlists
+        found = []
+        for i in range(lists.nlist):
+            size = lists.list_size(i)
+            if not size:
+                continue
+            ids = np.array(faiss.rev_swig_ptr(lists.get_ids(i), size), dtype=np.int64)
+            bad = ids[(ids < 0) | (ids >= n)]
+            if bad.size:
+                raise ValueError(
+                    f"{source!r} is damaged: its {what} name position {int(bad[0])} (list {i}), outside the {n} "
+                    "stored vectors. Restore the file from a copy, or rebuild the index from its collection.")
+            found.append(ids)
+        seen = np.bincount(np.concatenate(found), minlength=n) if found else np.zeros(n, dtype=np.int64)
+        if (seen != 1).any():
+            pos = int(np.flatnonzero(seen != 1)[0])
+            raise ValueError(
+                f"{source!r} is damaged: its {what} hold position {pos} {int(seen[pos])} times instead of once. "
+                "Restore the file from a copy, or rebuild the index from its collection.")
+
     @classmethod
     def restore(cls, params: dict, euclidean: bool, state: dict, n: int, source: str) -> "FaissBackend":
         self = cls(params, euclidean)
@@ -601,6 +624,8 @@ class FaissBackend(Backend):
         index = self._deserialize(raw, source)
         if index.ntotal != n:
             raise ValueError(f"{source!r} is corrupt: its faiss index holds {index.ntotal} vectors but {n} ids.")
+        if self.params["index_type"] == "ivf":
+            self._check_lists(index, n, source, "IVF lists")
         if self.routed:
             routes, by_anchor = state.get("routes"), state.get("anchor_index")
             if not isinstance(routes, torch.Tensor) or routes.dtype != torch.int64 or tuple(routes.shape) != (n, 2):
@@ -616,6 +641,7 @@ class FaissBackend(Backend):
                 if self.by_anchor.ntotal != n:
                     raise ValueError(f"{source!r} is corrupt: its anchor lists hold {self.by_anchor.ntotal} "
                                      f"vectors but {n} ids.")
+                self._check_lists(self.by_anchor, n, source, "anchor IVF lists")
             for ivf in (index, self.by_anchor):  # lists written with the L2 metric hold the same vectors
                 if ivf is not None:
                     ivf.metric_type = self._scan_metric

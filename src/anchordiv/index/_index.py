@@ -16,7 +16,8 @@ from ._exact import ExactBackend
 from ._faiss import FaissBackend
 from ._milvus import ID_FIELD, MilvusBackend
 from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, block_shape, knn, smallest_k
-from ._storage import FORMAT, VERSION, atomic_save, geometry_from_dict, geometry_to_dict, read_payload
+from ._storage import (FORMAT, VERSION, atomic_save, fingerprint, geometry_from_dict, geometry_to_dict, read_payload,
+                       seal)
 
 #: Backends by name.
 BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (ExactBackend, FaissBackend, MilvusBackend)}
@@ -548,13 +549,25 @@ class Index:
         self._backend.close()
 
     # ------------------------------------------------------------- persistence
-    def save(self, path: str | os.PathLike) -> None:
+    @property
+    def file_digest(self) -> str | None:
+        """SHA-256 (hex) identifying the content of the index file this index was last saved to
+        or loaded from (None before either); equal files have equal digests."""
+        return getattr(self, "_file_digest", None)
+
+    def save(self, path: str | os.PathLike) -> str:
         """Write the model, the ids and the stored vectors (or, for milvus, the connection) to ``path``.
 
         The file is written to a temporary file first and then moved over ``path``, so a
-        failed save leaves any previous file intact. The milvus backend writes the uri,
-        database and collection name but never the token; its vectors stay in Milvus
-        (flushed before the file is written).
+        failed save leaves any previous file intact. Each part of the file (header, model,
+        ids, stored vectors) carries a SHA-256 digest that :meth:`load` checks. The milvus
+        backend writes the uri, database and collection name but never the token; its
+        vectors stay in Milvus (flushed before the file is written).
+
+        Returns
+        -------
+        str
+            The file's digest, also :attr:`file_digest`.
         """
         self._backend.prepare_save()
         payload = {
@@ -568,7 +581,9 @@ class Index:
             "ids": torch.from_numpy(self._ids.copy()),
             "store": self._backend.state(len(self)),
         }
-        atomic_save(payload, path)
+        atomic_save(seal(payload), path)
+        self._file_digest = fingerprint(payload)
+        return self._file_digest
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: Any = None, *, resync: bool = False, **params: Any) -> "Index":
@@ -602,13 +617,17 @@ class Index:
         that is contacted without credentials; it cannot run code, read other files, or
         receive a token. Load indexes from sources you trust for their *results*.
 
+        Every part of the file is checked against the SHA-256 digest recorded at save
+        before it is used. Files of format version 2 (written before digests) load with a
+        ``UserWarning``; saving them again adds the digests.
+
         Raises
         ------
         FileNotFoundError
             No file at ``path``.
         ValueError
-            The file is corrupt, of another format, or its Milvus collection is missing
-            or no longer matches it.
+            The file is damaged (a digest does not match), corrupt, of another format, or
+            its Milvus collection is missing or no longer matches it.
         """
         source = os.fspath(path)
         payload = read_payload(source)
@@ -652,4 +671,5 @@ class Index:
         backend.to(dev)
         self = cls.__new__(cls)
         self._setup(model, symmetric, backend, ids_np, dim)
+        self._file_digest = fingerprint(payload)
         return self

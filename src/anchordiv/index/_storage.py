@@ -2,12 +2,16 @@
 
 A file is one ``torch.save`` of plain data (tensors, numbers, strings, lists, dicts), read
 back with ``torch.load(weights_only=True)``, so loading a file never runs code from it.
+Every part of it (header, model, ids, stored vectors) carries a SHA-256 digest written at
+save and checked at load, so a damaged file is refused instead of giving other neighbours.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -18,8 +22,20 @@ from ..models import model_name, registry
 from ..models.base import Geometry
 
 FORMAT = "anchordiv.Index"
-#: 2: symmetric key features in centred λ units (version 1 files hold η-unit features).
-VERSION = 2
+#: 3: SHA-256 digests of every part (version 2 files have none and load with a warning;
+#: version 1 files hold η-unit features and are refused).
+VERSION = 3
+#: The oldest version read: its files hold the same data, without digests.
+UNSEALED_VERSION = 2
+#: Key of the digests in a payload.
+DIGESTS = "sha256"
+#: The parts of a payload that are digested, with the payload keys each covers and its name in messages.
+PARTS = {
+    "header": (("format", "version", "backend", "symmetric", "params", "dim"), "header (backend, parameters, dimension)"),
+    "model": (("model",), "model"),
+    "ids": (("ids",), "ids"),
+    "store": (("store",), "stored vectors"),
+}
 
 
 # ------------------------------------------------------------------- geometry
@@ -137,6 +153,85 @@ def geometry_from_dict(data: dict, device: torch.device, source: str) -> Geometr
     return model
 
 
+# ------------------------------------------------------------------ digests
+def _feed(h: Any, value: Any) -> None:
+    """Feed ``value`` (plain payload data) to ``h`` in one unambiguous byte form."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        t = (t if t.device.type == "cpu" else t.cpu()).contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    elif isinstance(value, dict):
+        h.update(f"D{len(value)}".encode())
+        for key in sorted(value, key=repr):
+            _feed(h, key)
+            _feed(h, value[key])
+    elif isinstance(value, (list, tuple)):
+        h.update(f"L{len(value)}".encode())
+        for v in value:
+            _feed(h, v)
+    elif isinstance(value, str):
+        data = value.encode("utf-8", "surrogatepass")
+        h.update(f"S{len(data)}:".encode() + data)
+    elif value is None or isinstance(value, (bool, int)):
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+    elif isinstance(value, float):
+        h.update(f"F{value.hex()};".encode())
+    elif isinstance(value, torch.dtype):
+        h.update(f"Y{value};".encode())
+    elif isinstance(value, np.generic):
+        _feed(h, value.item())
+    else:
+        raise ValueError(f"cannot digest a value of type {type(value).__name__} in an index payload")
+
+
+def part_digests(payload: dict) -> dict[str, str]:
+    """SHA-256 (hex) of each part of ``payload`` named in :data:`PARTS`."""
+    out = {}
+    for part, (keys, _) in PARTS.items():
+        h = hashlib.sha256()
+        for key in keys:
+            _feed(h, key)
+            _feed(h, payload.get(key))
+        out[part] = h.hexdigest()
+    return out
+
+
+def seal(payload: dict) -> dict:
+    """Record the digests of ``payload``'s parts in it (under :data:`DIGESTS`); returns ``payload``."""
+    payload[DIGESTS] = part_digests(payload)
+    return payload
+
+
+def fingerprint(payload: dict) -> str:
+    """One SHA-256 (hex) of a sealed payload's part digests: the identity of an index file's content."""
+    h = hashlib.sha256()
+    _feed(h, {part: payload[DIGESTS][part] for part in PARTS})
+    return h.hexdigest()
+
+
+def check_digests(payload: dict, path: str) -> None:
+    """Raise a ``ValueError`` naming ``path`` and the part when a digest of ``payload`` does not match."""
+    recorded = payload.get(DIGESTS)
+    if not isinstance(recorded, dict) or not all(isinstance(recorded.get(p), str) for p in PARTS):
+        raise ValueError(
+            f"{path!r} is damaged: it records no SHA-256 digests of its parts, which every index file of "
+            f"format version {VERSION} has. Restore it from a copy, or rebuild the index from its collection."
+        )
+    try:
+        actual = part_digests(payload)
+    except ValueError:
+        actual = {}
+    for part, (_, name) in PARTS.items():
+        if actual.get(part) != recorded[part]:
+            raise ValueError(
+                f"{path!r} is damaged: the SHA-256 digest of its {name} differs from the one recorded when it "
+                "was saved (a flipped bit, a partial copy or an edit). Restore it from a copy, or rebuild the "
+                "index from its collection."
+            )
+
+
 # ------------------------------------------------------------------ files
 def atomic_save(payload: dict, path: str | os.PathLike) -> None:
     """Write ``payload`` to ``path`` through a temporary file in the same folder.
@@ -155,7 +250,9 @@ def atomic_save(payload: dict, path: str | os.PathLike) -> None:
 
 
 def read_payload(path: str | os.PathLike) -> dict:
-    """The payload of an index file, or ``FileNotFoundError`` / ``ValueError`` naming ``path``."""
+    """The payload of an index file with its digests checked, or ``FileNotFoundError`` /
+    ``ValueError`` naming ``path``. A file of format version 2 (before digests) loads with a
+    ``UserWarning``; its digests are computed from what was read."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"No index file at {path!r}.")
@@ -172,10 +269,23 @@ def read_payload(path: str | os.PathLike) -> dict:
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path!r} is not an anchordiv index file (no {FORMAT!r} header).")
-    if payload.get("version") != VERSION:
+    version = payload.get("version")
+    if version == UNSEALED_VERSION:
+        warnings.warn(
+            f"{path!r} was written by an older anchordiv (format version {UNSEALED_VERSION}), which records no "
+            "integrity digests, so damage to it cannot be detected; save it again to add them "
+            "(ad.Index.load(path).save(path)), or rebuild it with `anchordiv index build`.",
+            UserWarning, stacklevel=3)
+        try:
+            return seal(payload)
+        except ValueError:
+            raise ValueError(f"{path!r} is corrupt: it holds data an index file cannot hold; rebuild the index "
+                             "from its collection.") from None
+    if version != VERSION:
         raise ValueError(
-            f"{path!r} is an index file of format version {payload.get('version')!r}; "
-            f"this anchordiv reads version {VERSION}: rebuild the index from its collection "
-            "(ad.Index(...).add(...) or `anchordiv index build`)."
+            f"{path!r} is an index file of format version {version!r}; "
+            f"this anchordiv reads version {VERSION} (and {UNSEALED_VERSION}): rebuild the index from its "
+            "collection (ad.Index(...).add(...) or `anchordiv index build`)."
         )
+    check_digests(payload, path)
     return payload

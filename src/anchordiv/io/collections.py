@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -29,6 +30,8 @@ _EMB_PREFIX = {"image": "img_emb", "text": "text_emb"}
 _ITEM_COLUMN = {"image": "image_path", "text": "caption"}
 _METADATA_DIR = "metadata"
 _METADATA_PREFIX = "metadata"
+#: Rows (evenly spaced, first and last included) whose embeddings a :meth:`Collection.fingerprint` digests.
+FINGERPRINT_ROWS = 4096
 
 
 @dataclass(repr=False, eq=False)
@@ -127,6 +130,56 @@ class Collection(EmbeddingRows):
             )
         return self.metadata[column].to_numpy()
 
+    @property
+    def folder(self) -> Path | None:
+        """The collection's folder: :attr:`path` when it is a folder, else the folder of the file
+        it was read from; None for a collection made in memory."""
+        if not self.path:
+            return None
+        p = Path(self.path)
+        return p if p.is_dir() else p.parent
+
+    def item_file(self, row: int, *, root: str | os.PathLike | None = None,
+                  column: str = "image_path") -> Path | None:
+        """The file named in ``column`` (default ``image_path``) of row ``row``; None when it names none.
+
+        A relative path is resolved against ``root`` (default: :attr:`folder`) only, never
+        against the working directory; an absolute path is returned as it is.
+        """
+        if self.metadata is None or column not in self.metadata.columns:
+            return None
+        raw = self.metadata[column].iloc[row]
+        if not isinstance(raw, str) or not raw:
+            return None
+        p = Path(raw)
+        if p.is_absolute():
+            return p
+        base = Path(root) if root is not None else self.folder
+        return None if base is None else base / p
+
+    def fingerprint(self) -> dict:
+        """What identifies this collection, cheaply: rows, dimension, a SHA-256 of the ``id``
+        column (None without one) and of :data:`FINGERPRINT_ROWS` evenly spaced embeddings
+        (read as float32). A changed collection gives another fingerprint unless its changes
+        avoid every sampled row and keep the ids; see :func:`fingerprint_mismatch`."""
+        n, d = (int(x) for x in self.embeddings.shape)
+        rows = np.unique(np.linspace(0, n - 1, min(n, FINGERPRINT_ROWS)).round().astype(np.int64))
+        h = hashlib.sha256(f"{n},{d};".encode())
+        h.update(rows.astype("<i8").tobytes())
+        h.update(np.ascontiguousarray(self.embeddings[rows], dtype="<f4").tobytes())
+        ids = None
+        if self.metadata is not None and "id" in self.metadata.columns:
+            column = self.metadata["id"]
+            if column.dtype.kind in "biuf":
+                values = np.ascontiguousarray(column.to_numpy())
+                hi = hashlib.sha256(f"{values.dtype.str};".encode())
+                hi.update(values.tobytes())
+            else:  # ids as the command line reads them: their text
+                hi = hashlib.sha256(b"text;")
+                hi.update("\x00".join(map(str, column.tolist())).encode("utf-8", "surrogatepass"))
+            ids = hi.hexdigest()
+        return {"n": n, "dim": d, "ids_sha256": ids, "sample_sha256": h.hexdigest(), "sample_rows": int(rows.size)}
+
     def __repr__(self) -> str:
         n, d = self.embeddings.shape
         parts = [f"n={n}", f"dim={d}", f"dtype={self.embeddings.dtype}"]
@@ -136,6 +189,22 @@ class Collection(EmbeddingRows):
         if self.metadata is not None:
             parts.append(f"columns={self.columns}")
         return f"Collection({', '.join(parts)})"
+
+
+def fingerprint_mismatch(recorded: Any, current: Mapping) -> str | None:
+    """How a collection with fingerprint ``current`` differs from the one ``recorded``, or None
+    when they agree (both from :meth:`Collection.fingerprint`)."""
+    if not isinstance(recorded, Mapping):
+        return "no fingerprint of the collection was recorded"
+    if recorded.get("n") != current["n"]:
+        return f"it has {current['n']} rows where the recorded collection has {recorded.get('n')!r}"
+    if recorded.get("dim") != current["dim"]:
+        return f"it has dimension {current['dim']} where the recorded collection has {recorded.get('dim')!r}"
+    if recorded.get("ids_sha256") != current["ids_sha256"]:
+        return "its 'id' column differs from the recorded collection's"
+    if recorded.get("sample_sha256") != current["sample_sha256"]:
+        return f"its embeddings differ from the recorded collection's (in a sample of {current['sample_rows']} rows)"
+    return None
 
 
 def _check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
@@ -156,6 +225,11 @@ def _read_manifest(path: Path) -> dict:
         raise ValueError(
             f"cannot read manifest {str(path)!r} ({exc}); repair it or delete the collection folder"
         ) from exc
+    except RecursionError:
+        raise ValueError(
+            f"cannot read manifest {str(path)!r}: its JSON is nested too deeply to be a manifest; repair it "
+            "or delete the collection folder"
+        ) from None
     if not isinstance(manifest, dict):
         raise ValueError(f"manifest {str(path)!r} is not a JSON object; repair it or delete the collection folder")
     return manifest
@@ -235,9 +309,17 @@ def _manifest_files(root: Path, manifest: dict, allow_partial: bool) -> tuple[li
             "arguments to finish it, or pass allow_partial=True"
         )
     emb_files, meta_files = [], []
-    for rec in records:
+    listed: dict[Path, str] = {}
+    for i, rec in enumerate(records):
         for key, dest in (("embeddings", emb_files), ("metadata", meta_files)):
             f = root / rec[key]
+            where = f"shards[{i}].{key}"
+            first = listed.setdefault(f.resolve(), where)
+            if first != where:
+                raise ValueError(
+                    f"manifest {str(root / MANIFEST_NAME)!r}: {where} = {rec[key]!r} is the file {first} "
+                    "already lists; each shard file is listed once. Repair the manifest or recompute the collection"
+                )
             if not f.is_file():
                 raise FileNotFoundError(
                     f"path: {str(f)!r}, listed in {MANIFEST_NAME}, is missing; restore it or "
@@ -283,6 +365,8 @@ def _load_layout(
     else:
         emb_files, meta_files = _numbered_files(root, kind)
     emb, rows = _load_npy_shards(emb_files, dtype, mmap)
+    if manifest is not None:
+        _check_manifest_counts(root / MANIFEST_NAME, manifest, rows, int(emb.shape[1]))
     if not meta_files:
         return emb, None
     frames = []
@@ -295,6 +379,59 @@ def _load_layout(
             )
         frames.append(frame)
     return emb, _concat_frames(frames)
+
+
+def _count(path: Path, value: Any, field: str) -> int | None:
+    """A manifest count, None when absent, or a ``ValueError`` naming ``field``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"manifest {str(path)!r}: {field} = {value!r} must be a non-negative integer; repair the manifest "
+            "or recompute the collection"
+        )
+    return value
+
+
+def _check_manifest_counts(path: Path, manifest: dict, rows: Sequence[int], dim: int) -> None:
+    """Compare the counts a manifest records (per shard ``n_rows``, ``start``, ``stop``; ``dim``,
+    ``n_embedded``, ``n_items``, ``n_shards``) with the shards' ``rows`` and ``dim``."""
+    fix = "repair the manifest or recompute the collection"
+    stop_before: int | None = 0
+    for i, (rec, r) in enumerate(zip(manifest["shards"], rows)):
+        name = rec["embeddings"]
+        n_rows = _count(path, rec.get("n_rows"), f"shards[{i}].n_rows")
+        if n_rows is not None and n_rows != r:
+            raise ValueError(f"manifest {str(path)!r}: shards[{i}].n_rows = {n_rows} but {name!r} holds {r} rows; {fix}")
+        start = _count(path, rec.get("start"), f"shards[{i}].start")
+        stop = _count(path, rec.get("stop"), f"shards[{i}].stop")
+        if start is not None and stop_before is not None and start != stop_before:
+            raise ValueError(
+                f"manifest {str(path)!r}: shards[{i}].start = {start} but the previous shard stops at {stop_before}; "
+                f"shards cover the items in order, without gaps or overlaps. {fix[0].upper()}{fix[1:]}"
+            )
+        if start is not None and stop is not None and stop - start < r:
+            raise ValueError(
+                f"manifest {str(path)!r}: shards[{i}].stop = {stop} leaves {max(stop - start, 0)} items after its "
+                f"start {start}, but {name!r} holds {r} rows; {fix}"
+            )
+        stop_before = stop
+    recorded_dim = _count(path, manifest.get("dim"), "'dim'")
+    if recorded_dim is not None and recorded_dim != dim:
+        raise ValueError(f"manifest {str(path)!r}: 'dim' = {recorded_dim} but its shards hold {dim}-dimensional "
+                         f"embeddings; {fix}")
+    embedded = _count(path, manifest.get("n_embedded"), "'n_embedded'")
+    if embedded is not None and embedded != sum(rows):
+        raise ValueError(f"manifest {str(path)!r}: 'n_embedded' = {embedded} but its shards hold {sum(rows)} rows; {fix}")
+    if not manifest.get("complete", False):
+        return
+    n_shards = _count(path, manifest.get("n_shards"), "'n_shards'")
+    if n_shards is not None and n_shards != len(rows):
+        raise ValueError(f"manifest {str(path)!r}: 'n_shards' = {n_shards} but it lists {len(rows)} shards; {fix}")
+    items = _count(path, manifest.get("n_items"), "'n_items'")
+    if items is not None and stop_before is not None and items != stop_before:
+        raise ValueError(f"manifest {str(path)!r}: 'n_items' = {items} but its shards cover {stop_before} items "
+                         f"(the last one stops at {stop_before}); {fix}")
 
 
 # ---------------------------------------------------------------------------

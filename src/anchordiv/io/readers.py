@@ -74,9 +74,9 @@ def list_images(
     Returns
     -------
     pandas.DataFrame
-        Column ``image_path`` (``folder`` joined with the relative path, as str), plus the
-        label column. Rows are sorted by relative path. Files are not opened, so
-        unreadable images are listed too; :func:`embed_collection` skips them.
+        Column ``image_path`` (the absolute path of ``folder`` joined with the relative
+        path, as str), plus the label column. Rows are sorted by relative path. Files are
+        not opened, so unreadable images are listed too; :func:`embed_collection` skips them.
 
     Raises
     ------
@@ -102,7 +102,8 @@ def list_images(
             f"no image files with extensions {sorted(exts)} under folder {str(root)!r}; "
             "check the path or pass extensions="
         )
-    data: dict[str, list] = {"image_path": [str(root / r) for r in rels]}
+    absolute = Path(os.path.abspath(root))  # valid from any working directory
+    data: dict[str, list] = {"image_path": [str(absolute / r) for r in rels]}
     if label_column is not None:
         if label_column == "image_path":
             raise ValueError("label_column must not be 'image_path'; choose another name")
@@ -241,6 +242,14 @@ def _load_npy_shards(
                 f"{arg}: cannot read {str(f)!r} as a numeric .npy array ({exc}); it may be "
                 "truncated or not a .npy file: restore it or recompute that shard"
             ) from exc
+        if not isinstance(a, np.ndarray):  # np.load opens a .npz archive whatever the file's name
+            names = list(getattr(a, "files", []))
+            if hasattr(a, "close"):
+                a.close()
+            raise ValueError(
+                f"{arg}: {str(f)!r} is a .npz archive (arrays {names[:5]}), not a .npy array; save the "
+                "embeddings with np.save, or take the array out of the archive (np.load(path)[name])"
+            )
         if a.ndim != 2:
             raise ValueError(
                 f"{arg}: {str(f)!r} has shape {a.shape}; embeddings must be 2-D (n, d). "
@@ -275,12 +284,19 @@ def _read_parquet(f: Path, arg: str = "path") -> Any:
     """``pyarrow.parquet.read_table(f)`` with an error that names ``f`` and the fix."""
     pa, _, pq = _pyarrow()
     try:
-        return pq.read_table(f)
+        names = pq.read_schema(f).names
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if not duplicates:
+            return pq.read_table(f)
     except pa.ArrowInvalid as exc:
         raise ValueError(
             f"{arg}: cannot read {str(f)!r} as parquet ({exc}); it may be empty, truncated or not "
             "a parquet file: restore it or recompute it"
         ) from exc
+    raise ValueError(
+        f"{arg}: {str(f)!r} has duplicate column names {duplicates}; each column needs its own name: "
+        "rename the duplicates and write the file again"
+    )
 
 
 def _list_column_to_array(table: Any, column: str, source: str) -> np.ndarray:

@@ -23,10 +23,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import torch
 
-from .._backend import Kind, as_tensor, check_dim, concat, in_dtype, row_chunks
+from .._backend import Kind, all_finite, as_tensor, check_dim, concat, in_dtype, row_chunks
 from .._progress import progress_bar
 from ..anchors import AnchorSet
 
@@ -34,21 +33,68 @@ from ..anchors import AnchorSet
 PROGRESS_FLOPS = 5e10
 
 
+#: The temperatures accepted from every source (models, command-line options, manifests, the
+#: service): τ ∈ [1e-4, 100]. Below 1e-4, η = λ/τ and the divergences (∝ 1/τ or 1/τ²) leave the
+#: range where float32 features resolve unit-norm embeddings; CLIP's learned τ is ≈ 0.01.
+TAU_RANGE = (1e-4, 100.0)
+
+
+def check_tau(value: Any, name: str = "tau") -> float:
+    """``value`` as a float τ ∈ :data:`TAU_RANGE`, else a ``ValueError`` naming ``name``."""
+    lo, hi = TAU_RANGE
+    try:
+        tau = float(value)
+    except (TypeError, ValueError):
+        tau = math.nan
+    if isinstance(value, bool) or not lo <= tau <= hi:
+        raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], got {value!r}; "
+                         "pass the contrastive model's temperature (CLIP: about 0.01).")
+    return tau
+
+
 def temperature(tau: Any = None, logit_scale: Any = None) -> float:
-    """τ from exactly one of ``tau`` and ``logit_scale`` (τ = 1/logit_scale), checked finite and > 0."""
+    """τ from exactly one of ``tau`` and ``logit_scale`` (τ = 1/logit_scale), checked by :func:`check_tau`."""
     if (tau is None) == (logit_scale is None):
         raise ValueError(
             "Give exactly one of tau= or logit_scale= (τ = 1/logit_scale), "
             f"got tau={tau!r}, logit_scale={logit_scale!r}."
         )
-    name, value = ("tau", tau) if tau is not None else ("logit_scale", logit_scale)
+    if tau is not None:
+        return check_tau(tau)
+    lo, hi = TAU_RANGE
     try:
-        value = float(value)
+        scale = float(logit_scale)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number, got {value!r}.") from None
-    if isinstance(tau if name == "tau" else logit_scale, bool) or not np.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
-    return value if name == "tau" else 1.0 / value
+        scale = math.nan
+    if isinstance(logit_scale, bool) or not 1 / hi <= scale <= 1 / lo:
+        raise ValueError(f"logit_scale must be a number in [{1 / hi:g}, {1 / lo:g}] (τ = 1/logit_scale in "
+                         f"[{lo:g}, {hi:g}]), got {logit_scale!r}.")
+    return 1.0 / scale
+
+
+def require_finite(values: torch.Tensor, geometry: Any = None, what: str = "distances") -> torch.Tensor:
+    """``values`` when every entry is finite; otherwise a ``ValueError`` naming the cause.
+
+    With τ in :data:`TAU_RANGE` and finite inputs, a non-finite feature or distance means the
+    vectors are too large for the dtype: |d| grows like ‖λ‖/τ or ‖λ‖²/τ², past float32's 3.4e38.
+    ``geometry`` (optional) names the model and its τ in the message.
+    """
+    if all_finite(values):
+        return values
+    raise overflow_error(geometry, what, values.dtype)
+
+
+def overflow_error(geometry: Any, what: str, dtype: torch.dtype) -> ValueError:
+    """The error of :func:`require_finite`: ``what`` of ``geometry`` overflow ``dtype``."""
+    tau = getattr(geometry, "tau_", None)
+    model = f"{type(geometry).__name__} " if geometry is not None else ""
+    overflow = f"{model}{what} overflow {str(dtype).removeprefix('torch.')}"
+    lo, hi = TAU_RANGE
+    if isinstance(tau, float) and not lo <= tau <= hi:
+        return ValueError(f"{overflow}: tau={tau:g} is outside [{lo:g}, {hi:g}]; refit the model with a tau in range.")
+    at = f" at tau={tau:g}" if tau is not None else ""
+    return ValueError(f"{overflow}: the vectors are too large{at}; normalise the embeddings to unit norm "
+                      "(as encoders give them) or pass float64 arrays.")
 
 
 def prepare_anchors(anchors: Any, model: str, needed: int = 1) -> AnchorSet:
@@ -187,7 +233,8 @@ class Geometry:
         offsets, phi = self._query_terms(q, symmetric)
         _, rows = block_shape(q.shape[0], g.shape[0], phi.shape[1], phi.element_size(), 1, DEFAULT_MEMORY_BUDGET)
         blocks = key_feature_blocks(self, g, symmetric, rows)
-        return kind.out(distance_matrix(offsets, phi, blocks, n_keys=g.shape[0], keys_given=False))
+        D = distance_matrix(offsets, phi, blocks, n_keys=g.shape[0], keys_given=False)
+        return kind.out(require_finite(D, self, "distances"))
 
     def divergence(self, X: Any, Y: Any) -> Any:
         """Row-wise d(x_i ‖ y_i) for paired rows of ``X`` and ``Y`` (length-n vector)."""
@@ -198,7 +245,7 @@ class Geometry:
         if x.dtype != y.dtype:
             dtype = torch.promote_types(x.dtype, y.dtype)
             x, y = x.to(dtype), y.to(dtype)
-        return kind.out(self._divergence(x, y))
+        return kind.out(require_finite(self._divergence(x, y), self, "divergences"))
 
     def search(self, Q: Any, G: Any, k: int = 10, symmetric: bool = True, exclude_self: bool = False,
                memory_budget: int | None = None, progress: bool | None = None,
@@ -209,9 +256,11 @@ class Geometry:
         """
         from ..exact import DEFAULT_MEMORY_BUDGET, search
 
-        return search(self, Q, G, k=k, symmetric=symmetric, exclude_self=exclude_self,
+        d, i = search(self, Q, G, k=k, symmetric=symmetric, exclude_self=exclude_self,
                       memory_budget=DEFAULT_MEMORY_BUDGET if memory_budget is None else memory_budget,
                       progress=progress, exclude=exclude)
+        require_finite(torch.as_tensor(d), self, "distances")
+        return d, i
 
     def to(self, device: Any) -> "Geometry":
         """Move fitted tensors to ``device`` (in place) and return self."""
@@ -378,15 +427,19 @@ class AnchorModel(Geometry):
         if symmetric:
             lam, mu = self._centred(eta, g)
             half = 0.5 / self.tau_
-            return half * (lam * mu).sum(1), half * torch.cat([lam, mu, torch.ones_like(mu[:, :1])], dim=1)
-        return (eta * g).sum(1) - k, torch.cat([g, torch.ones_like(g[:, :1])], dim=1)
+            offsets, phi = half * (lam * mu).sum(1), half * torch.cat([lam, mu, torch.ones_like(mu[:, :1])], dim=1)
+        else:
+            offsets, phi = (eta * g).sum(1) - k, torch.cat([g, torch.ones_like(g[:, :1])], dim=1)
+        return require_finite(offsets, self, "query offsets"), require_finite(phi, self, "query features")
 
     def _key_terms(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
         eta, k, g = self._stats(G, need_cgf=not symmetric)
         if symmetric:
             lam, mu = self._centred(eta, g)
-            return torch.cat([mu, lam, -(lam * mu).sum(1, keepdim=True)], dim=1)
-        return torch.cat([eta, -k[:, None]], dim=1)
+            psi = torch.cat([mu, lam, -(lam * mu).sum(1, keepdim=True)], dim=1)
+        else:
+            psi = torch.cat([eta, -k[:, None]], dim=1)
+        return require_finite(psi, self, "key features")
 
     def _divergence(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         eta_x, k_x, g_x = self._stats(X, need_cgf=True)
@@ -436,10 +489,19 @@ class EuclideanModel(AnchorModel):
         t, kind = self._input(X, "X")
         return kind.out(concat([self._embed(t[sl]) for sl in row_chunks(t.shape[0], self.batch_size)]))
 
+    def _embedding(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """z and ‖z‖², checked ‖z‖² ≤ max/4 of the dtype, so that every ‖z_q‖² − 2z_qᵀz_g + ‖z_g‖²
+        and its partial sums are finite."""
+        z = concat([self._embed(X[sl]) for sl in self._chunks(X.shape[0], "embedding")])
+        sq = (z * z).sum(1)
+        if not bool((sq <= torch.finfo(sq.dtype).max / 4).all()):  # NaN fails too
+            raise overflow_error(self, "squared distances", sq.dtype)
+        return z, sq
+
     def _query_terms(self, Q: torch.Tensor, symmetric: bool):
-        z = concat([self._embed(Q[sl]) for sl in self._chunks(Q.shape[0], "embedding")])
-        return (z * z).sum(1), torch.cat([2 * z, -torch.ones_like(z[:, :1])], dim=1)
+        z, sq = self._embedding(Q)
+        return sq, torch.cat([2 * z, -torch.ones_like(z[:, :1])], dim=1)
 
     def _key_terms(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
-        z = concat([self._embed(G[sl]) for sl in self._chunks(G.shape[0], "embedding")])
-        return torch.cat([z, (z * z).sum(1, keepdim=True)], dim=1)
+        z, sq = self._embedding(G)
+        return torch.cat([z, sq[:, None]], dim=1)

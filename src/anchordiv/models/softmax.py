@@ -9,7 +9,8 @@ import torch
 
 from .._backend import concat, in_dtype
 from ..anchors import AnchorSet
-from .base import AnchorModel
+from ..linalg import row_norms
+from .base import AnchorModel, require_finite
 
 
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -97,7 +98,7 @@ class Softmax(AnchorModel):
         return float(B.norm())
 
     def _grad_norm_bound(self) -> float:
-        return float(self.anchors_.norm(dim=1).max())  # ∇κ lies in the anchors' convex hull
+        return float(row_norms(self.anchors_).max())  # ∇κ lies in the anchors' convex hull
 
     def key_norm_bound(self, symmetric: bool = True) -> float | None:
         """Probability features: ‖log p‖ ≤ L (:meth:`_log_prob_bound`), ‖p‖ ≤ 1 and
@@ -142,13 +143,14 @@ class Softmax(AnchorModel):
             return super()._query_terms(Q, symmetric)
         # d_sym = ½ Σ_i (p_q,i − p_g,i)(log p_q,i − log p_g,i): the symmetrized KL (Jeffreys)
         p, logp, cross = self._probability_terms(Q)
-        return 0.5 * cross, 0.5 * torch.cat([p, logp, torch.ones_like(p[:, :1])], dim=1)
+        return 0.5 * cross, require_finite(0.5 * torch.cat([p, logp, torch.ones_like(p[:, :1])], dim=1), self,
+                                           "query features")
 
     def _key_terms(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
         if not symmetric or self.feature_space_ != "probabilities":
             return super()._key_terms(G, symmetric)
         p, logp, cross = self._probability_terms(G)
-        return torch.cat([logp, p, -cross[:, None]], dim=1)
+        return require_finite(torch.cat([logp, p, -cross[:, None]], dim=1), self, "key features")
 
     def _flops_per_row(self) -> float:
         return 4.0 * self.n_anchors_ * self.dim_
