@@ -17,6 +17,25 @@ import uuid
 from typing import Any, Callable
 
 
+#: The temperatures accepted from every source (models, command-line options, manifests, the
+#: service): τ ∈ [1e-4, 100]. Below 1e-4, η = λ/τ and the divergences (∝ 1/τ or 1/τ²) leave the
+#: range where float32 features resolve unit-norm embeddings; CLIP's learned τ is ≈ 0.01.
+TAU_RANGE = (1e-4, 100.0)
+
+
+def check_tau(value: Any, name: str = "tau") -> float:
+    """``value`` as a float τ ∈ :data:`TAU_RANGE`, else a ``ValueError`` naming ``name``."""
+    lo, hi = TAU_RANGE
+    try:
+        tau = float(value)
+    except (TypeError, ValueError):
+        tau = math.nan
+    if isinstance(value, bool) or not lo <= tau <= hi:
+        raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], got {value!r}; "
+                         "pass the contrastive model's temperature (CLIP: about 0.01).")
+    return tau
+
+
 def positive_int(value: Any, name: str, allow_none: bool = False) -> int | None:
     """``value`` as an int ≥ 1, or a ``ValueError`` naming ``name``: the one check of every
     count, size and budget argument. Python and numpy integers are accepted; bools, floats

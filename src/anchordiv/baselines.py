@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ._backend import as_tensor, check_dim
+from ._backend import as_tensor
 from .linalg import unit_rows
 from .models.base import Geometry, prepare_anchors
 

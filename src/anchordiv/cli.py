@@ -26,6 +26,7 @@ import click
 
 from . import __version__
 from ._cli_values import csv_cell as _csv_cell, parse_params as _parse_params, parse_rank as _parse_rank
+from ._cli_values import tau_option as _tau_option
 from ._util import json_scalar
 from .encoders import LazyEncoder
 from .models import default_tau, model_names, registry
@@ -619,8 +620,8 @@ def _model_options(f):
                      help="Latent models: subspace dimension k, or a variance fraction in (0, 1] (default 0.95).")(f)
     f = click.option("--components", type=click.IntRange(min=1), default=None,
                      help="gmm: number of mixture components (default 4, as in the Python API and `eval`).")(f)
-    f = click.option("--tau", type=click.FloatRange(min=0, min_open=True), default=None,
-                     help="Temperature; default from the collection's manifest, else the encoder.")(f)
+    f = click.option("--tau", type=float, default=None, callback=_tau_option,
+                     help="Temperature in [1e-4, 100]; default from the collection's manifest, else the encoder.")(f)
     return f
 
 
@@ -718,8 +719,8 @@ def embed(source: str, out_dir: str, model: str, column: str | None, shard_size:
 @click.option("--diagnose", "diagnose", default=None, metavar="COLLECTION", type=click.Path(exists=True),
               help="Also show how COLLECTION's items use each set: effective number of anchors exp(entropy), "
                    "items concentrated on few anchors, anchors never any item's top one.")
-@click.option("--tau", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Temperature of --diagnose (default: the collection's, else the encoder's).")
+@click.option("--tau", type=float, default=None, callback=_tau_option,
+              help="Temperature of --diagnose in [1e-4, 100] (default: the collection's, else the encoder's).")
 @click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
               help="--diagnose: an item is concentrated when its TOP anchors hold half its mass.")
 def anchors(file: str, model: str, device: str | None, batch_size: int | None, refresh: bool,

@@ -26,14 +26,13 @@ Python::
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from ._util import positive_int
+from ._util import check_tau, positive_int
 from .anchors import AnchorSet
 from .exact import largest_k
 
@@ -193,9 +192,7 @@ def explain(anchors: Any, X: Any, tau: float, top: int = 5, texts: Sequence[str]
     Xt = _as_tensor(X, "X")
     if Xt.shape[1] != A.shape[1]:
         raise ValueError(f"X has dimension {Xt.shape[1]} but the anchors have {A.shape[1]}; use one encoder.")
-    tau = float(tau) if tau is not None else float("nan")
-    if not math.isfinite(tau) or tau <= 0:
-        raise ValueError(f"tau must be a finite number > 0, got {tau!r}; pass the encoder's temperature.")
+    tau = check_tau(tau)
     N = A.shape[0]
     lw = torch.zeros(N, dtype=torch.float64) if log_weights is None else _as_tensor(log_weights, "log_weights")[0]
     if lw.shape[0] != N:

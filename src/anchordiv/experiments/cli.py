@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
+from .._cli_values import tau_option
 from ..models import default_tau, model_names, registry
 from . import protocols as P
 from .core import ALL_MODELS, ANCHOR_MODELS, BASELINES, POSTERIOR_MODELS
@@ -265,12 +266,6 @@ _RUN = _options(
                  help="Torch threads (1 avoids slow small LAPACK calls on a busy machine)."))
 
 
-def _positive(ctx: click.Context, param: click.Parameter, value: list | None) -> list | None:
-    if value and any(not v > 0 or v == float("inf") for v in value):
-        raise click.BadParameter(f"temperatures must be finite and > 0, got {value}", ctx, param)
-    return value
-
-
 def _metric(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from ..metrics import get_metric
 
@@ -295,7 +290,7 @@ def _common(sweep_components: bool = False) -> Callable:
         click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
                      help="Further model parameter for every model of the run that takes KEY, or "
                           "MODEL.KEY=VALUE for one model, e.g. reg_covar=1e-4 (repeatable)."),
-        click.option("--tau", type=_List(float), callback=_positive,
+        click.option("--tau", type=_List(float), callback=tau_option,
                      help="Temperature (default: the collection's, else the encoder's); a list τ,τ,... sweeps "
                           "it in one run (column tau)."),
         click.option("--metric", callback=_metric, metavar="NAME", default="auprc", show_default=True,

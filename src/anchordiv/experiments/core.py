@@ -35,6 +35,7 @@ from .._util import positive_int
 from .._util import EmbeddingRows
 from ..anchors import AnchorSet
 from ..models import default_tau, model_names, registry
+from ..models.base import check_tau
 from ..metrics import get_metric
 from ..exact import distance_matrix
 
@@ -206,9 +207,7 @@ class EvalData(EmbeddingRows):
         if k.size < 2:
             raise ValueError("at least 2 keys are needed for retrieval.")
         if tau is not None:
-            tau = float(tau)
-            if not math.isfinite(tau) or tau <= 0:
-                raise ValueError(f"tau must be a finite number > 0, got {tau!r}.")
+            tau = check_tau(tau)
         return cls(X, out, q, k, tau, str(name), multi)
 
     @classmethod

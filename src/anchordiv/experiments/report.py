@@ -454,13 +454,17 @@ class ProtocolResult:
 
 
 def write_csv(path: Path, frame: pd.DataFrame) -> Path:
-    """Write ``frame`` as CSV (floats with 6 decimals, missing values empty); returns the path."""
+    """Write ``frame`` as CSV (floats with 6 decimals, missing values empty, text cells that a
+    spreadsheet would run as formulas neutralised by :func:`~anchordiv._cli_values.csv_cell`);
+    returns the path."""
+    from .._cli_values import csv_cell
+
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(list(frame.columns))
+        w.writerow([csv_cell(c) for c in frame.columns])
         cols = [frame[c].tolist() for c in frame.columns]
         for row in zip(*cols):
-            w.writerow([_fmt(v, 6) for v in row])
+            w.writerow([csv_cell(_fmt(v, 6)) for v in row])
     return path
 
 

@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from ._common import DEFAULT_MEMORY_BUDGET, Backend, allowed_blocks, positive_int, restricted_knn
-from ..exact import knn
 
 
 

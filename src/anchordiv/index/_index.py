@@ -15,7 +15,7 @@ from ._common import Backend, id_array, restricted_knn
 from ._exact import ExactBackend
 from ._faiss import FaissBackend
 from ._milvus import ID_FIELD, MilvusBackend
-from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, block_shape, knn, smallest_k
+from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, block_shape, smallest_k
 from ._storage import (FORMAT, VERSION, atomic_save, fingerprint, geometry_from_dict, geometry_to_dict, read_payload,
                        seal)
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .._util import TAU_RANGE, check_tau  # noqa: F401  (re-exported: one τ range everywhere)
 from .._backend import Kind, all_finite, as_tensor, check_dim, concat, in_dtype, row_chunks
 from .._progress import progress_bar
 from ..anchors import AnchorSet
@@ -33,23 +34,6 @@ from ..anchors import AnchorSet
 PROGRESS_FLOPS = 5e10
 
 
-#: The temperatures accepted from every source (models, command-line options, manifests, the
-#: service): τ ∈ [1e-4, 100]. Below 1e-4, η = λ/τ and the divergences (∝ 1/τ or 1/τ²) leave the
-#: range where float32 features resolve unit-norm embeddings; CLIP's learned τ is ≈ 0.01.
-TAU_RANGE = (1e-4, 100.0)
-
-
-def check_tau(value: Any, name: str = "tau") -> float:
-    """``value`` as a float τ ∈ :data:`TAU_RANGE`, else a ``ValueError`` naming ``name``."""
-    lo, hi = TAU_RANGE
-    try:
-        tau = float(value)
-    except (TypeError, ValueError):
-        tau = math.nan
-    if isinstance(value, bool) or not lo <= tau <= hi:
-        raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], got {value!r}; "
-                         "pass the contrastive model's temperature (CLIP: about 0.01).")
-    return tau
 
 
 def temperature(tau: Any = None, logit_scale: Any = None) -> float:
