@@ -251,3 +251,75 @@ def test_strings_from_data_are_shown_as_text(browser):
         assert pg.evaluate("window.__pwned") is None
         assert pg.eval_on_selector_all("img, b, i, script:not([src])", "els => els.length") == 0
         pg.close()
+
+
+def _stub_service():
+    import anchordiv as ad
+    from anchordiv.anchorsfile import EmbeddedAnchors
+    from anchordiv.io import Collection
+
+    enc = _TextStub()
+    X = enc.encode_text([f"item {i}" for i in range(20)])
+    sets = {"s": ad.AnchorSet(enc.encode_text(["a", "b", "c"]), texts=["a", "b", "c"])}
+    return Service(Collection(X, kind="text", tau=0.05, encoder="stub", path="coll"),
+                   EmbeddedAnchors(path=Path("a.yaml"), sets=sets, mix={"s": 1.0}, encoder="stub", tau=0.05), enc)
+
+
+def test_a_page_on_another_origin_cannot_make_the_service_work(browser):
+    """A page served on another loopback port posts a multipart form and a body with no Content-Type
+    to the service: Chromium's requests are refused (403) and no context is built."""
+    import http.server
+    import threading
+
+    svc = _stub_service()
+    with ServerThread(create_app(svc)) as s:
+        target = s.url + "/api/search"
+        attack = f"""<!doctype html><title>attack</title>
+<form id="f" method="post" action="{target}" enctype="multipart/form-data">
+<input name="row" value="1"><input name="model" value="latent_gaussian"><input name="context" value="s">
+<input name="tau" value="0.0371"></form>
+<script>
+fetch("{target}", {{method: "POST", mode: "no-cors",
+                    body: new Blob([JSON.stringify({{row: 2, model: "gaussian", tau: 0.0372}})])}})
+  .then(() => {{ document.title = "sent"; }}, () => {{ document.title = "failed"; }});
+</script>""".encode()
+
+        class Page(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(attack)))
+                self.end_headers()
+                self.wfile.write(attack)
+
+            def log_message(self, *args):
+                pass
+
+        other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+        thread = threading.Thread(target=other.serve_forever, daemon=True)
+        thread.start()
+        seen = []
+        try:
+            pg = browser.new_page()
+            pg.on("response", lambda r: seen.append((r.url, r.status)) if r.url == target else None)
+            pg.goto(f"http://127.0.0.1:{other.server_address[1]}/")
+            pg.wait_for_function("document.title !== 'attack'", timeout=10_000)
+            with pg.expect_navigation(timeout=10_000) as nav:
+                pg.evaluate("document.getElementById('f').submit()")
+            assert nav.value.status == 403
+            assert json.loads(pg.text_content("body"))["field"] == "origin"
+            pg.close()
+        finally:
+            other.shutdown()
+            other.server_close()
+        assert (target, 403) in seen
+        assert svc.contexts.stats()["misses"] == 0  # neither request built a context
+        assert svc.context_key("latent_gaussian", "s", 0.0371) not in svc.contexts
+        pg = browser.new_page()  # the service's own page still posts forms (multipart, same origin)
+        pg.goto(s.url + "/")
+        pg.wait_for_selector("body[data-ready=true]")
+        status = pg.evaluate("""async () => { const f = new FormData(); f.append("row", "1");
+            f.append("model", "latent_gaussian"); f.append("context", "s"); f.append("tau", "0.0371");
+            return (await fetch("/api/search", {method: "POST", body: f})).status; }""")
+        pg.close()
+        assert status == 200 and svc.context_key("latent_gaussian", "s", 0.0371) in svc.contexts

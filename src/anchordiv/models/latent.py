@@ -43,7 +43,7 @@ def principal_subspace(cov: torch.Tensor, rank: int | float) -> tuple[torch.Tens
     if float(eigenvalues.clamp_min(0).sum()) <= 0:
         raise ValueError("The anchors have zero variance (all identical); a subspace needs at least 2 distinct anchors.")
     k = select_rank(eigenvalues, rank, cov.shape[0])
-    return eigenvectors[:, :k].T.contiguous(), eigenvalues, k
+    return eigenvectors[:, :k].T.clone(memory_format=torch.contiguous_format), eigenvalues, k
 
 
 class _LatentSubspace(PosteriorMixin, EuclideanModel):
@@ -67,7 +67,8 @@ class _LatentSubspace(PosteriorMixin, EuclideanModel):
         self._set_subspace(*principal_subspace(cov, self.rank))
 
     def _set_subspace(self, components: torch.Tensor, eigenvalues: torch.Tensor, k: int) -> None:
-        self.components_ = components
+        # a compact copy: a slice of the d × d eigenvector matrix would keep all of it alive
+        self.components_ = components.clone(memory_format=torch.contiguous_format)
         self.n_components_ = k
         total = eigenvalues.clamp_min(0).sum()
         self.explained_variance_ = eigenvalues[:k].clamp_min(0)

@@ -3,7 +3,8 @@
 :class:`Service` holds a collection, its anchor sets, an encoder and saved indexes, and
 caches fitted contexts; :func:`create_app` wraps it in a FastAPI app (JSON API,
 clip-retrieval's ``/indices-list``, ``/knn-service`` and ``/metadata``, and the page);
-:class:`ServerThread` runs it with uvicorn in a background thread.
+:class:`ServerThread` runs it with uvicorn in a background thread, with the timeouts and
+connection caps of :class:`ConnectionLimits`.
 
 Needs the ``serve`` extra: ``pip install 'anchordiv[serve]'`` (fastapi, uvicorn,
 python-multipart).
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .cache import ByteLRU
-from .server import ServerThread, free_port
+from .server import ConnectionLimits, ServerThread, free_port
 from .service import Context, ContextKey, Service
 from .validate import FieldError
 
@@ -33,5 +34,5 @@ def build_demo_service(*args: Any, **kwargs: Any) -> Service:
     return _build(*args, **kwargs)
 
 
-__all__ = ["ByteLRU", "Context", "ContextKey", "FieldError", "Service", "ServerThread", "build_demo_service",
-           "create_app", "free_port"]
+__all__ = ["ByteLRU", "ConnectionLimits", "Context", "ContextKey", "FieldError", "Service", "ServerThread",
+           "build_demo_service", "create_app", "free_port"]

@@ -12,8 +12,11 @@ Endpoints
 ``POST /knn-service``          clip-retrieval: ``[{"id", "similarity", **metadata}]``
 ``POST /metadata``             clip-retrieval: ``[{"id", "metadata"}]``
 
-Errors are JSON ``{"error": "FIELD: message", "field": "FIELD"}`` with a 4xx status. Urls
-in answers are absolute, under the request's base url.
+Errors are JSON ``{"error": "FIELD: message", "field": "FIELD"}`` with a 4xx status; an
+unexpected failure is a JSON 500 with ``Connection: close``. A POST from a page on another
+origin is refused (403, ``field: "origin"``) unless ``cors_origins`` lists it; clients that are
+not browsers (no ``Origin``) are served. ``/api/search`` takes ``application/json`` or, for an
+image, ``multipart/form-data``. Urls in answers are absolute, under the request's base url.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import validate as v
+from .server import is_loopback
 from .service import Service
 from .validate import FieldError
 
@@ -42,20 +46,114 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Cross-Origin-Resource-Policy": "same-origin",
 }
-#: Hosts accepted on a loopback bind (a guard against DNS rebinding).
-LOOPBACK_HOSTS = ["127.0.0.1", "localhost"]
+#: Host names accepted on a loopback bind besides loopback IP literals (a guard against DNS rebinding).
+LOOPBACK_HOSTS = ["localhost"]
+#: Methods that never change state nor start a costly computation here.
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 
 
-class TooLarge(StarletteHTTPException):
-    """A request body over the limit."""
+class TooLarge(Exception):
+    """A request body over the limit, noticed while it streams in."""
 
     def __init__(self, limit: int, field: str):
-        super().__init__(413, f"{field}: the request body is larger than {limit} bytes")
-        self.field = field
+        super().__init__(f"{field}: the request body is larger than {limit} bytes")
+        self.limit, self.field = limit, field
+
+
+async def _send_json(send: Any, status: int, payload: dict, close: bool = False) -> None:
+    headers = {**SECURITY_HEADERS, **({"Connection": "close"} if close else {})}
+    response = JSONResponse(payload, status_code=status, headers=headers)
+    await send({"type": "http.response.start", "status": status, "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": response.body})
+
+
+def _header(scope: dict, name: bytes) -> str:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return ""
+
+
+class SecurityHeaders:
+    """ASGI middleware: add :data:`SECURITY_HEADERS` to every response that does not set them."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                present = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()
+                         if k.lower().encode() not in present]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def host_name(value: str) -> str:
+    """The host of a ``Host`` header without its port: ``[::1]:8000`` → ``::1``, ``127.0.0.2:80`` → ``127.0.0.2``."""
+    value = value.strip()
+    if value.startswith("["):
+        end = value.find("]")
+        return value[1:end] if end > 0 else ""
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class LoopbackHosts:
+    """ASGI middleware: accept only a ``Host`` that is ``localhost``, a loopback IP literal or the bound
+    address (a DNS-rebinding guard for a service bound to loopback)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            name = host_name(_header(scope, b"host")).lower()
+            bound = (scope.get("server") or ("",))[0]
+            if not (name in LOOPBACK_HOSTS or name == str(bound).lower() or (name and is_loopback(name))):
+                return await _send_json(send, 400, FieldError(
+                    "host", f"{v.show(name)} is not a loopback name; open the page as http://127.0.0.1:PORT/ or "
+                            "http://localhost:PORT/", 400).payload(), close=True)
+        await self.app(scope, receive, send)
+
+
+class CrossSite:
+    """ASGI middleware: refuse a state-changing or costly request (any method but GET, HEAD, OPTIONS)
+    that a browser sent from another origin.
+
+    A request passes when its ``Origin`` is the server's own or one of ``allowed`` (``--cors-origin``),
+    or when it has neither ``Origin`` nor a cross-site ``Sec-Fetch-Site`` (a non-browser client such as
+    clip-retrieval's ``ClipClient``).
+    """
+
+    def __init__(self, app: Any, allowed: list[str] | None = None):
+        self.app, self.allowed = app, {o.rstrip("/").lower() for o in allowed or ()}
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] not in SAFE_METHODS:
+            origin = _header(scope, b"origin").strip().rstrip("/").lower()
+            site = _header(scope, b"sec-fetch-site").strip().lower()
+            own = f"{scope.get('scheme', 'http')}://{_header(scope, b'host').strip()}".lower()
+            refused = None
+            if origin and origin != own and origin not in self.allowed:
+                refused = f"a page on {v.show(origin)} may not call this service"
+            elif not origin and site not in ("", "same-origin", "none"):
+                refused = f"a {site} page may not call this service"
+            if refused:
+                return await _send_json(send, 403, FieldError(
+                    "origin", f"{refused}; start it with --cors-origin ORIGIN to allow a page on another origin",
+                    403).payload(), close=True)
+        await self.app(scope, receive, send)
 
 
 class BodyLimit:
-    """ASGI middleware: refuse bodies over the limit (10 MB + form overhead for uploads, 1 MB else)."""
+    """ASGI middleware: refuse bodies over the limit (10 MB + form overhead for uploads, 1 MB else),
+    declared or streamed (chunked); the 413 closes the connection."""
 
     def __init__(self, app: Any, max_json: int = v.MAX_JSON_BYTES, max_upload: int = v.MAX_IMAGE_BYTES + (64 << 10)):
         self.app, self.max_json, self.max_upload = app, max_json, max_upload
@@ -63,14 +161,13 @@ class BodyLimit:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = dict(scope["headers"])
-        upload = headers.get(b"content-type", b"").lower().startswith(b"multipart/form-data")
+        upload = _header(scope, b"content-type").lower().startswith("multipart/form-data")
         limit, field = (self.max_upload, "image") if upload else (self.max_json, "body")
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > limit):
-            return await _send_json(send, 413, FieldError(field, f"the request body is larger than {limit} bytes",
-                                                          413).payload())
-        seen = 0
+        too_large = FieldError(field, f"the request body is larger than {limit} bytes", 413).payload()
+        length = _header(scope, b"content-length").strip()
+        if length and (not length.isdigit() or int(length) > limit):
+            return await _send_json(send, 413, too_large, close=True)
+        seen, started = 0, False
 
         async def limited() -> dict:
             nonlocal seen
@@ -81,18 +178,22 @@ class BodyLimit:
                     raise TooLarge(limit, field)
             return message
 
-        await self.app(scope, limited, send)
+        async def watched(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited, watched)
+        except TooLarge:
+            if started:
+                raise
+            await _send_json(send, 413, too_large, close=True)
 
 
 def _base(request: Request) -> str:
     """The request's base url without the trailing slash, e.g. ``http://127.0.0.1:8000``."""
     return str(request.base_url).rstrip("/")
-
-
-async def _send_json(send: Any, status: int, payload: dict) -> None:
-    response = JSONResponse(payload, status_code=status, headers=SECURITY_HEADERS)
-    await send({"type": "http.response.start", "status": status, "headers": response.raw_headers})
-    await send({"type": "http.response.body", "body": response.body})
 
 
 def _error(exc: FieldError) -> JSONResponse:
@@ -119,23 +220,16 @@ def create_app(service: Service, *, loopback_only: bool = True, cors_origins: li
     app = FastAPI(title="anchordiv", docs_url=None, redoc_url=None, openapi_url=None)
     page = {name: _static(name) for name in ("index.html", *STATIC)}
 
-    @app.middleware("http")
-    async def headers(request: Request, call_next: Any) -> Response:
-        response = await call_next(request)
-        for key, value in SECURITY_HEADERS.items():
-            response.headers.setdefault(key, value)
-        return response
-
+    app.add_middleware(BodyLimit)
+    app.add_middleware(CrossSite, allowed=list(cors_origins or ()))
     if cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Content-Type"])
     if loopback_only:
-        from starlette.middleware.trustedhost import TrustedHostMiddleware
-
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS)
-    app.add_middleware(BodyLimit)
+        app.add_middleware(LoopbackHosts)
+    app.add_middleware(SecurityHeaders)
 
     @app.exception_handler(FieldError)
     async def field_error(request: Request, exc: FieldError) -> JSONResponse:
@@ -143,8 +237,16 @@ def create_app(service: Service, *, loopback_only: bool = True, cors_origins: li
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail), "field": getattr(exc, "field", None)},
-                            status_code=exc.status_code)
+        field = getattr(exc, "field", None) or ("body" if exc.status_code == 400 else None)
+        detail = str(exc.detail)
+        return JSONResponse({"error": f"{field}: {detail}" if field and not detail.startswith(f"{field}:") else detail,
+                             "field": field}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+        # the server closes the connection after an unexpected error: say so, so a keep-alive client reconnects
+        return JSONResponse({"error": f"internal error ({type(exc).__name__}); the request was not completed",
+                             "field": None}, status_code=500, headers={**SECURITY_HEADERS, "Connection": "close"})
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -193,8 +295,9 @@ def create_app(service: Service, *, loopback_only: bool = True, cors_origins: li
                     raise FieldError(key, "must be a plain form field")
             await form.close()
             return await run_in_threadpool(service.search, data, image, True, _base(request))
-        if ctype and not ctype.startswith("application/json"):
-            raise FieldError("body", "send JSON (application/json) or multipart/form-data", 415)
+        if not ctype.startswith("application/json"):
+            raise FieldError("body", "send JSON with Content-Type: application/json (or multipart/form-data "
+                                     "to upload an image)", 415)
         data = await _json(request)
         if "image" in data:
             raise FieldError("image", "upload images as multipart/form-data")

@@ -1,10 +1,70 @@
-"""A thread-safe LRU cache bounded in bytes, where each value is built once."""
+"""A thread-safe LRU cache bounded in bytes, where each value is built once; sizes by storage."""
 
 from __future__ import annotations
 
 import threading
+import types
 from collections import OrderedDict
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def _owner(arr: np.ndarray) -> Any:
+    """The object that owns an array's memory: the last ndarray of its ``base`` chain."""
+    while isinstance(arr.base, np.ndarray):
+        arr = arr.base
+    return arr
+
+
+def storages(*objects: Any, max_depth: int = 8) -> dict[tuple, int]:
+    """Every array storage reachable from ``objects``: ``{identity: bytes}``.
+
+    Tensors count their whole ``untyped_storage()`` and numpy arrays their owning array, so
+    a small view of a large buffer counts as the buffer it keeps alive. Attributes, dicts,
+    lists and tuples are followed ``max_depth`` levels deep.
+    """
+    found: dict[tuple, int] = {}
+    seen: set[int] = set()
+    stack = [(obj, 0) for obj in objects]
+    while stack:
+        obj, depth = stack.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, (str, bytes, int, float, bool, type, types.ModuleType,
+                                                              types.FunctionType, types.MethodType)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            try:
+                st = obj.untyped_storage()
+                found[("torch", obj.device.type, st.data_ptr())] = int(st.nbytes())
+            except (RuntimeError, NotImplementedError):  # sparse and other layouts without one storage
+                found[("tensor", id(obj))] = obj.numel() * obj.element_size()
+            continue
+        if isinstance(obj, np.ndarray):
+            owner = _owner(obj)
+            found[("numpy", owner.__array_interface__["data"][0])] = int(owner.nbytes)
+            continue
+        if depth >= max_depth:
+            continue
+        if isinstance(obj, dict):
+            children: Iterable = obj.values()
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            children = obj
+        elif hasattr(obj, "__dict__"):
+            children = vars(obj).values()
+        else:
+            continue
+        stack.extend((child, depth + 1) for child in children)
+    return found
+
+
+def storage_nbytes(*objects: Any, held: dict[tuple, int] | None = None) -> int:
+    """Bytes of the storages reachable from ``objects``, less those in ``held`` (from :func:`storages`
+    of what is kept alive elsewhere anyway)."""
+    held = held or {}
+    return sum(size for key, size in storages(*objects).items() if key not in held)
 
 
 class ByteLRU:

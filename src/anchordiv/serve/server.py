@@ -1,16 +1,154 @@
-"""Run the app with uvicorn: in the foreground (the CLI) or in a background thread (tests, benchmarks)."""
+"""Run the app with uvicorn: in the foreground (the CLI) or in a background thread (tests, benchmarks).
+
+Connections are guarded against clients that hold them without sending (slow-loris): a
+request's line and headers must arrive within ``header_timeout`` seconds of the connection
+(or of the previous response), its body within ``body_timeout``; one client address holds at
+most ``per_client`` connections and the server ``max_connections``. When a cap is reached, the
+connection idle the longest (no request in progress) is closed to make room; only when every
+one is busy is the new connection refused (503).
+"""
 
 from __future__ import annotations
 
 import errno
 import ipaddress
+import json
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 #: Default bind address: loopback only.
 DEFAULT_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Timeouts and caps of the server's connections (see the module docstring)."""
+
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    per_client: int = 32
+    max_connections: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout", "body_timeout", "per_client", "max_connections"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+
+
+def _raw_response(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps({"error": message, "field": None}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n").encode() + body
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type:
+    """uvicorn's h11 protocol with :class:`ConnectionLimits`: a class per server (it holds the server's
+    connections by client address)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    clients: dict[str, set] = {}
+
+    class GuardedH11Protocol(H11Protocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._timer: Any = None
+            self._phase = ""
+            self._idle_since = time.monotonic()
+            self._address = self.client[0] if self.client else ""
+            mine = clients.setdefault(self._address, set())
+            mine.add(self)
+            if len(mine) > limits.per_client and not self._make_room(mine):
+                return self._refuse("too many connections from one address")
+            if len(self.connections) > limits.max_connections and not self._make_room(self.connections):
+                return self._refuse("too many connections")
+            self._rearm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel()
+            mine = clients.get(self._address)
+            if mine is not None:
+                mine.discard(self)
+                if not mine:
+                    clients.pop(self._address, None)
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._rearm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._rearm()
+
+        # ---------------------------------------------------------------- state
+        def _busy(self) -> bool:
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _make_room(self, group: Any) -> bool:
+            """Close the connection of ``group`` idle the longest; False when all are busy."""
+            idle = [c for c in list(group) if c is not self and isinstance(c, GuardedH11Protocol)
+                    and not c._busy() and not c.transport.is_closing()]
+            if not idle:
+                return False
+            oldest = min(idle, key=lambda c: c._idle_since)
+            oldest._close()
+            return True
+
+        def _refuse(self, why: str) -> None:
+            self.transport.write(_raw_response(503, "Service Unavailable", f"{why}; try again later"))
+            self._close()
+
+        def _close(self) -> None:
+            self._cancel()
+            self.connections.discard(self)
+            mine = clients.get(self._address)
+            if mine is not None:
+                mine.discard(self)
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def _cancel(self) -> None:
+            if getattr(self, "_timer", None) is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _rearm(self) -> None:
+            """Start the deadline of the phase the connection is in: headers, body, or none while the app works."""
+            if self.transport.is_closing():
+                return self._cancel()
+            if not self._busy():
+                phase, timeout = "headers", limits.header_timeout
+            elif self.conn.their_state is h11.SEND_BODY:
+                phase, timeout = "body", limits.body_timeout
+            else:
+                phase, timeout = "app", None
+            if phase == self._phase:
+                return
+            self._cancel()
+            self._phase = phase
+            if phase == "headers":
+                self._idle_since = time.monotonic()
+            if timeout is not None:
+                self._timer = self.loop.call_later(timeout, self._timed_out)
+
+        def _timed_out(self) -> None:
+            self._timer = None
+            if self.transport.is_closing():
+                return
+            started = self._busy() and self.cycle.response_started
+            partial = self._busy() or bool(self.conn.trailing_data[0])
+            if partial and not started:
+                what = "body" if self._phase == "body" else "request line and headers"
+                limit = limits.body_timeout if self._phase == "body" else limits.header_timeout
+                self.transport.write(_raw_response(408, "Request Timeout",
+                                                   f"the {what} did not arrive within {limit:g} s"))
+            self._close()
+
+    return GuardedH11Protocol
 
 
 def is_loopback(host: str) -> bool:
@@ -25,7 +163,7 @@ def is_loopback(host: str) -> bool:
 
 def free_port(host: str = DEFAULT_HOST) -> int:
     """A free TCP port on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
@@ -58,19 +196,23 @@ def bind(host: str = DEFAULT_HOST, port: int = 8000) -> socket.socket:
     return sock
 
 
-def _config(app: Any, host: str, port: int, log_level: str) -> Any:
+def _config(app: Any, host: str, port: int, log_level: str, limits: ConnectionLimits | None = None) -> Any:
     import uvicorn
 
+    limits = limits or ConnectionLimits()
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                          limit_concurrency=256, timeout_keep_alive=5, timeout_graceful_shutdown=5)
+                          http=guarded_protocol(limits), ws="none", limit_concurrency=None,
+                          timeout_keep_alive=5, timeout_graceful_shutdown=5)
 
 
 def serve(app: Any, host: str = DEFAULT_HOST, port: int = 8000, log_level: str = "warning",
-          sock: socket.socket | None = None, on_started: Callable[[], Any] | None = None) -> None:
+          sock: socket.socket | None = None, on_started: Callable[[], Any] | None = None,
+          limits: ConnectionLimits | None = None) -> None:
     """Serve ``app`` until interrupted; Ctrl-C (SIGINT) or SIGTERM finish open requests and close the port.
 
     ``sock``: a socket from :func:`bind` (else one is bound here, raising :class:`PortError`);
-    ``on_started``: called in a background thread once the server accepts connections.
+    ``on_started``: called in a background thread once the server accepts connections;
+    ``limits``: timeouts and connection caps (default :class:`ConnectionLimits`).
     """
     import uvicorn
 
@@ -82,7 +224,7 @@ def serve(app: Any, host: str = DEFAULT_HOST, port: int = 8000, log_level: str =
 
     sock = bind(host, port) if sock is None else sock
     try:
-        Server(_config(app, host, port, log_level)).run(sockets=[sock])
+        Server(_config(app, host, port, log_level, limits)).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled, after a clean shutdown
         pass
 
@@ -90,16 +232,17 @@ def serve(app: Any, host: str = DEFAULT_HOST, port: int = 8000, log_level: str =
 class ServerThread:
     """A uvicorn server in a background thread: ``with ServerThread(app) as s: s.url``."""
 
-    def __init__(self, app: Any, host: str = DEFAULT_HOST, port: int | None = None, log_level: str = "warning"):
+    def __init__(self, app: Any, host: str = DEFAULT_HOST, port: int | None = None, log_level: str = "warning",
+                 limits: ConnectionLimits | None = None):
         import uvicorn
 
         self.host, self.port = host, port or free_port(host)
-        self.server = uvicorn.Server(_config(app, self.host, self.port, log_level))
+        self.server = uvicorn.Server(_config(app, self.host, self.port, log_level, limits))
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn:{self.port}", daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> "ServerThread":
         self.thread.start()

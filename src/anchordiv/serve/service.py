@@ -41,7 +41,7 @@ from ..anchors import AnchorSet
 from ..models import make_model, model_names, registry
 from ..exact import knn, largest_k
 from . import validate as v
-from .cache import ByteLRU
+from .cache import ByteLRU, storage_nbytes, storages
 from .validate import FieldError
 
 #: Geometries that need anchors / take a temperature.
@@ -125,10 +125,8 @@ class Context:
     anchor_sets: list[str]
     seconds: float
 
-
-
-def _nbytes(*tensors: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+#: Bytes counted per context besides its arrays (the Python objects).
+CONTEXT_OVERHEAD = 4096
 
 
 class Service:
@@ -202,6 +200,7 @@ class Service:
                 raise ValueError(f"index {name!r} does not match the collection (its ids must be row numbers "
                                  f"0..{self.n - 1} and its dimension {self.dim})")
         self.contexts = ByteLRU(cache_bytes)
+        self._held = storages(self.G, self.anchors)  # alive for the service's lifetime: not charged to a context
         self._thumbs = ByteLRU(64 << 20)
         self._texts = ByteLRU(16 << 20)
         self._filters = ByteLRU(64 << 20)
@@ -327,8 +326,15 @@ class Service:
                                                self.anchors.path)
         except ValueError as exc:
             raise FieldError("context", str(exc).removeprefix("context: ")) from None
-        total = sum(props)
-        return tuple((n, round(p / total, 6)) for n, p in zip(names, props) if p > 0)
+        if not all(math.isfinite(p) for p in props):
+            raise FieldError("context", f"proportions must be finite numbers >= 0, got {', '.join(map(str, props))}")
+        top = max(props)
+        if not top > 0:
+            raise FieldError("context", "proportions are all zero; give at least one set positive mass")
+        scaled = [p / top for p in props]  # in [0, 1]: the sum cannot overflow
+        total = math.fsum(scaled)
+        rounded = [(n, round(p / total, 6)) for n, p in zip(names, scaled)]
+        return tuple((n, p) for n, p in rounded if p > 0)
 
     def parse_context(self, context: str | None,
                       model: str | None = None) -> tuple[str | None, str | None, str | None]:
@@ -415,8 +421,12 @@ class Service:
         except ValueError as exc:
             raise FieldError("params" if key.params else "model", f"cannot fit {key.name}: {exc}") from None
         keys = model.key_features(self.G, symmetric=key.symmetric)
-        size = _nbytes(keys, *vars(model).values()) + 4096
-        return Context(key, model, keys, anchors, owners, time.perf_counter() - start), size
+        ctx = Context(key, model, keys, anchors, owners, time.perf_counter() - start)
+        return ctx, self.context_nbytes(ctx)
+
+    def context_nbytes(self, ctx: Context) -> int:
+        """What a context costs the cache: the storages it keeps alive (views count their whole buffer)."""
+        return storage_nbytes(ctx, held=self._held) + CONTEXT_OVERHEAD
 
     # ---------------------------------------------------------------- queries
     def _encoder_for(self, field: str, images: bool = False) -> Any:

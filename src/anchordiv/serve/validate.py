@@ -6,6 +6,8 @@ import json
 import math
 from typing import Any
 
+import numpy as np
+
 #: Largest k a request may ask for.
 MAX_K = 1000
 #: Longest text query, in characters.
@@ -22,6 +24,10 @@ MAX_FILTER_VALUES = 200
 MAX_IDS = 1000
 #: Temperatures accepted.
 TAU_RANGE = (1e-4, 100.0)
+#: Deepest nesting of a JSON body or field.
+MAX_DEPTH = 32
+#: Norms of a query embedding accepted (float32 squares neither overflow nor underflow inside it).
+NORM_RANGE = (1e-12, 1e12)
 
 
 class FieldError(ValueError):
@@ -38,12 +44,59 @@ class FieldError(ValueError):
         return {"error": str(self), "field": self.field}
 
 
+def show(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, shortened to about ``limit`` characters."""
+    text = repr(value) if not isinstance(value, (list, dict)) or len(value) < 16 else \
+        f"<{type(value).__name__} of {len(value)} entries>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_tree(value: Any, field: str, status: int = 422) -> None:
+    """Refuse JSON nested deeper than :data:`MAX_DEPTH` (with ``status``) and strings that are not
+    valid Unicode (a lone surrogate such as ``"\\ud800"``, 422), naming the place, e.g. ``filter.label[2]``."""
+    stack = [(value, field, 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise FieldError(field, f"is nested more than {MAX_DEPTH} levels deep; send a flat JSON object", status)
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise FieldError(where, f"holds a lone surrogate ({item[exc.start]!r} at position {exc.start}); "
+                                        "send valid Unicode text") from None
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                try:
+                    str(key).encode("utf-8")
+                except UnicodeEncodeError:
+                    raise FieldError(where, "has a key holding a lone surrogate; send valid Unicode text") from None
+                name = str(key)[:64]
+                stack.append((child, name if where == "body" else f"{where}.{name}", depth + 1))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]", depth + 1) for i, child in enumerate(item))
+
+
+def loads(text: str | bytes, field: str, status: int = 422) -> Any:
+    """``json.loads`` whose every failure (bad syntax, too deep, lone surrogates) is a :class:`FieldError`."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise FieldError(field, f"is nested more than {MAX_DEPTH} levels deep; send a flat JSON object",
+                         status) from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FieldError(field, f"is not valid JSON ({exc})", status) from None
+    check_tree(data, field, status)
+    return data
+
+
 def parse_json_object(body: bytes, field: str = "body") -> dict:
     """A JSON object from request bytes."""
     try:
-        data = json.loads(body.decode("utf-8")) if body.strip() else None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise FieldError(field, f"is not valid JSON ({exc})", 400) from None
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FieldError(field, f"is not valid UTF-8 ({exc})", 400) from None
+    data = loads(text, field, 400) if text.strip() else None
     if not isinstance(data, dict):
         raise FieldError(field, "must be a JSON object", 400)
     return data
@@ -59,13 +112,10 @@ def _from_form(value: Any, kind: str, field: str) -> Any:
             return True
         if text.lower() in ("false", "0", "off", "no", ""):
             return False
-        raise FieldError(field, f"must be true or false, got {value!r}")
+        raise FieldError(field, f"must be true or false, got {show(value)}")
     if text == "":
         return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        raise FieldError(field, f"is not valid JSON: {value!r}") from None
+    return loads(text, field)
 
 
 def integer(data: dict, field: str, default: Any = None, lo: int | None = None, hi: int | None = None,
@@ -78,7 +128,7 @@ def integer(data: dict, field: str, default: Any = None, lo: int | None = None, 
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise FieldError(field, f"must be an integer, got {value!r}")
+        raise FieldError(field, f"must be an integer, got {show(value)}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         span = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
         raise FieldError(field, f"must be an integer {span}, got {value}")
@@ -93,7 +143,7 @@ def number(data: dict, field: str, default: Any = None, lo: float | None = None,
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise FieldError(field, f"must be a finite number, got {value!r}")
+        raise FieldError(field, f"must be a finite number, got {show(value)}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise FieldError(field, f"must be between {lo:g} and {hi:g}, got {value:g}")
     return float(value)
@@ -106,7 +156,7 @@ def boolean(data: dict, field: str, default: bool, form: bool = False) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise FieldError(field, f"must be true or false, got {value!r}")
+        raise FieldError(field, f"must be true or false, got {show(value)}")
     return value
 
 
@@ -121,6 +171,7 @@ def string(data: dict, field: str, default: Any = None, max_len: int = MAX_TEXT,
         raise FieldError(field, f"is longer than {max_len} characters ({len(value)})", 422)
     if "\x00" in value:
         raise FieldError(field, "must not contain NUL characters")
+    check_tree(value, field)
     if not allow_empty and not value.strip():
         raise FieldError(field, "is empty")
     return value
@@ -133,15 +184,25 @@ def json_field(data: dict, field: str, form: bool = False) -> Any:
 
 
 def embedding(value: Any, dim: int, field: str = "embedding") -> list[float]:
-    """A list of ``dim`` finite numbers."""
+    """A list of ``dim`` finite numbers whose norm is in :data:`NORM_RANGE` (exactly, in float32)."""
     if not isinstance(value, list) or len(value) != dim:
         got = f"{len(value)} values" if isinstance(value, list) else type(value).__name__
         raise FieldError(field, f"must be a list of {dim} numbers (the collection's dimension), got {got}")
     for i, v in enumerate(value):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise FieldError(field, f"entry {i} must be a finite number, got {v!r}")
+            raise FieldError(field, f"entry {i} must be a finite number, got {show(v)}")
     if not any(v != 0 for v in value):
         raise FieldError(field, "must not be all zeros")
+    arr = np.asarray(value, dtype=np.float64)
+    over = np.flatnonzero(np.abs(arr) > np.finfo(np.float32).max)
+    if over.size:
+        raise FieldError(field, f"entry {int(over[0])} ({arr[over[0]]:g}) is beyond float32; scale the embedding "
+                                "(the collection's embeddings have norm about 1)")
+    lo, hi = NORM_RANGE
+    norm = float(np.linalg.norm(arr.astype(np.float32).astype(np.float64)))  # as the service will see it
+    if not lo <= norm <= hi:
+        raise FieldError(field, f"has norm {norm:.3g}, outside [{lo:g}, {hi:g}]; scale it "
+                                "(the collection's embeddings have norm about 1)")
     return [float(v) for v in value]
 
 
