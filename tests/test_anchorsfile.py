@@ -129,6 +129,9 @@ def test_parse_anchor_spec(yaml_file, tmp_path):
         parse_anchor_spec(f"{tmp_path}/missing.yaml:object", arg="--anchors")
     with pytest.raises(ValueError, match="bad proportion 'lots'"):
         parse_anchor_spec(f"{yaml_file}:object:lots")
+    for bad in ("inf", "nan", "1e999"):
+        with pytest.raises(ValueError, match=f"bad proportion '{bad}'.*finite"):
+            parse_anchor_spec(f"{yaml_file}:object:{bad},style:0.3")
     with pytest.raises(ValueError, match="empty set selection"):
         parse_anchor_spec(f"{yaml_file}:")
 

@@ -90,8 +90,6 @@ def test_anchor_models_at_large_norms_match_float64_or_name_the_cause(name, expo
     assert_topk_up_to_rounding(model, Q64, G64, i64, d64, tol=1e-9 * np.abs(d64).max())
 
 
-@pytest.mark.xfail(strict=True, reason="models/latent.py: LatentSpherical._natural_params takes a float32 "
-                   "norm of Uᵀλ; the fix (anchordiv.linalg.row_norms and unit_rows) is in issue 25's report")
 def test_latent_spherical_at_extreme_norms_matches_float64():
     from anchordiv.testing import assert_topk_up_to_rounding
 

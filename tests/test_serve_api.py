@@ -493,6 +493,25 @@ def test_thumbnails_serve_only_the_collections_images(image_server):
         assert max(Image.open(io.BytesIO(base64.b64decode(meta["image"]))).size) == 256
 
 
+def test_relative_image_paths_resolve_against_the_collection_folder_only(tmp_path, monkeypatch):
+    import pandas as pd
+
+    folder, cwd = tmp_path / "coll", tmp_path / "cwd"
+    (folder / "img").mkdir(parents=True)
+    (cwd / "img").mkdir(parents=True)
+    (folder / "img" / "a.png").write_bytes(_png((250, 10, 10), (64, 64)))
+    (cwd / "img" / "b.png").write_bytes(_png((10, 10, 250), (64, 64)))  # only in the working directory
+    monkeypatch.chdir(cwd)
+    enc = StubImageEncoder()
+    X = enc.encode_text(["a", "b"])
+    meta = pd.DataFrame({"image_path": ["img/a.png", "img/b.png"]})
+    coll = Collection(X, metadata=meta, kind="image", tau=0.05, encoder="stub", path=str(folder))
+    svc = Service(coll, None, enc, default_model="cosine")
+    with ServerThread(create_app(svc)) as server, httpx.Client(base_url=server.url) as c:
+        assert c.get("/api/thumb/0").status_code == 200
+        assert c.get("/api/thumb/1").status_code == 404
+
+
 def test_image_upload_query(image_server):
     server, svc = image_server
     png = _png((15, 245, 20))

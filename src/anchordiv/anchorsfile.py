@@ -712,9 +712,11 @@ def _parse_selection(text: str, arg: str,
             continue
         try:
             value = float(prop)
+            if not math.isfinite(value):
+                raise ValueError(prop)
         except ValueError:
             raise ValueError(
-                f"{arg}: bad proportion {prop!r} for set {name!r}; write NAME:P with a number P >= 0, "
+                f"{arg}: bad proportion {prop!r} for set {name!r}; write NAME:P with a finite number P >= 0, "
                 "e.g. object:0.7,style:0.3"
             ) from None
         out.append((name, value))

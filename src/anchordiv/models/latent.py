@@ -13,7 +13,7 @@ import math
 from .._backend import in_dtype
 from ..anchors import AnchorSet
 from ..special import bessel_ratio, log_vmf_normalizer
-from ..linalg import symmetric_eigh, weighted_mean_cov
+from ..linalg import row_norms, symmetric_eigh, unit_rows, weighted_mean_cov
 from .base import EuclideanModel
 from .posterior import MatrixBingham, PosteriorMixin, check_positive
 
@@ -265,16 +265,16 @@ class LatentSpherical(_LatentSubspace):
         return self.default_beta_factor * float(self.alpha) * n / float(torch.trace(cov))
 
     def _natural_params(self, X: torch.Tensor) -> torch.Tensor:
-        p = self._project(X)
-        norm = p.norm(dim=1, keepdim=True)
-        zero = (norm <= torch.finfo(X.dtype).eps * X.norm(dim=1, keepdim=True)).flatten()
+        # η depends on the direction of λ only: project λ/‖λ‖, so no norm over- or underflows
+        p = self._project(unit_rows(X, "X"))
+        zero = row_norms(p) <= torch.finfo(X.dtype).eps
         if bool(zero.any()):
             rows = torch.nonzero(zero).flatten()[:5].tolist()
             raise ValueError(
                 f"X rows {rows} project to zero on the latent subspace (Uᵀλ = 0), where the latent "
                 "spherical divergence is undefined; drop those rows or use latent_gaussian."
             )
-        return p / (norm * self.tau_)
+        return unit_rows(p, "X") / self.tau_
 
     def _embed(self, X: torch.Tensor) -> torch.Tensor:
         r = 1.0 / self.tau_

@@ -240,7 +240,7 @@ class MatrixBingham:
             raise ValueError(f"k={k} must be in [1, {d}].")
         values, vectors = symmetric_eigh(self.parameter)
         values, vectors = values.flip(0), vectors.flip(1)
-        return vectors[:, : int(k)].T.contiguous(), values
+        return vectors[:, : int(k)].T.clone(memory_format=torch.contiguous_format), values  # no view of all d
 
     def to(self, device: Any) -> "MatrixBingham":
         """A copy on ``device``."""

@@ -159,7 +159,7 @@ class Service:
         Shown on the page.
     root : str or Path, optional
         Folder that relative ``image_path`` values are resolved against (default: the
-        collection's folder, then the working directory).
+        collection's folder; never the working directory).
     """
 
     def __init__(self, collection: Any, anchors: Any = None, encoder: Any = None, *, indexes: dict | None = None,
@@ -182,7 +182,7 @@ class Service:
         self.has_images = collection.kind == "image" and "image_path" in self.columns
         self.label_columns = self._labels(label_columns)
         self.title = title or f"anchordiv · {os.path.basename(str(collection.path or 'collection'))}"
-        self.root = Path(root) if root is not None else (Path(collection.path) if collection.path else None)
+        self.root = Path(root) if root is not None else getattr(collection, "folder", None)
         if default_model not in registry():
             raise ValueError(f"default_model: unknown geometry {default_model!r}")
         if default_model in ANCHOR_MODELS and anchors is None:
@@ -550,9 +550,9 @@ class Service:
         if not isinstance(raw, str) or not raw:
             return None
         p = Path(raw)
-        if not p.is_absolute() and not p.exists() and self.root is not None and (self.root / p).exists():
-            p = self.root / p
-        return p
+        if p.is_absolute():
+            return p
+        return None if self.root is None else self.root / p
 
     def thumbnail(self, row: int) -> bytes:
         """JPEG thumbnail of row ``row``'s own image file (the only files ever opened)."""
