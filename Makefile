@@ -7,7 +7,8 @@ PIP := $(PY) -m pip -qq
 # CPU build of torch (a plain `torch` requirement would pull a multi-GB CUDA build).
 TORCH ?= torch==2.13.0
 # The float-sensitive tests, rerun under a second SIMD level (generic kernels in torch and faiss).
-SIMD_ENV := ATEN_CPU_CAPABILITY=default FAISS_OPT_LEVEL=generic
+SIMD_ENV := ATEN_CPU_CAPABILITY=default FAISS_OPT_LEVEL=generic FAISS_SIMD_LEVEL=NONE
+CLIP_RETRIEVAL := $(VENV)/clip-retrieval
 
 .PHONY: setup setup-demo demo test test-simd bench experiments clean
 
@@ -29,13 +30,18 @@ $(VENV)/.installed: $(VENV)/.demo
 	$(PIP) install -e '.[test]'
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 	command -v npm >/dev/null && $(PY) -m anchordiv.emoji >/dev/null || echo "npm missing: emoji pictures not fetched"
+	# clip-retrieval's own ClipClient for the clip-back tests, unpacked beside the venv: its
+	# package pins numpy<2 and imports a server stack, so only its client module is loaded.
+	rm -rf $(CLIP_RETRIEVAL) $(CLIP_RETRIEVAL)-wheel
+	$(PIP) download --no-deps clip-retrieval==2.45.0 -d $(CLIP_RETRIEVAL)-wheel
+	$(PY) -m zipfile -e $(CLIP_RETRIEVAL)-wheel/clip_retrieval-2.45.0-py3-none-any.whl $(CLIP_RETRIEVAL)
 	touch $@
 
 demo: setup-demo
 	$(VENV)/bin/anchordiv demo
 
 test: setup
-	$(PY) -m pytest -q
+	PYTHONPATH=$(CLIP_RETRIEVAL) $(PY) -m pytest -q
 
 test-simd: setup
 	$(SIMD_ENV) $(PY) -m pytest -q -m numeric

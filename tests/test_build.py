@@ -15,6 +15,7 @@ import pytest
 import anchordiv as ad
 from anchordiv.index import Index, build_index
 from anchordiv.index._build import collection_shards
+from anchordiv.testing import assert_topk_up_to_rounding
 
 from conftest import collection_namer, unit_rows
 
@@ -65,12 +66,14 @@ def backend_params(backend, request):
     return backend, {}
 
 
-def assert_same(built, reference, Q, k=10):
-    np.testing.assert_array_equal(built.ids, reference.ids)
-    d1, i1 = built.search(Q, k=k)
-    d2, i2 = reference.search(Q, k=k)
-    np.testing.assert_array_equal(i1, i2)
-    np.testing.assert_allclose(d1, d2, rtol=1e-6, atol=1e-6 * float(np.abs(d2).max()))
+def assert_same(built, reference, Q, G, k=10):
+    """The same ids (rows of G), and both answers a float64 top-k up to float32 rounding (features
+    made shard by shard may differ from one add's in the last bit, so near ties may swap)."""
+    np.testing.assert_array_equal(built.ids, np.arange(len(G)))
+    np.testing.assert_array_equal(reference.ids, np.arange(len(G)))
+    for index in (built, reference):
+        d, i = index.search(Q, k=k)
+        assert_topk_up_to_rounding(index.model, Q, G, i, d)
 
 
 def test_shards_of_a_collection_folder_a_file_and_an_array(data, tmp_path):
@@ -96,7 +99,7 @@ def test_one_process_build_equals_one_add(backend, data, model, request):
     np.testing.assert_array_equal(built.ids, np.arange(len(G)))
     if name == "milvus":
         params = dict(params, collection_name=new_collection())
-    assert_same(built, Index(model, name, **params).add(G), Q)
+    assert_same(built, Index(model, name, **params).add(G), Q, G)
 
 
 @pytest.mark.parametrize("backend", ["exact", "faiss", "milvus-server"])
@@ -107,14 +110,16 @@ def test_dask_build_equals_one_process_build(backend, data, model, client, reque
     if name == "milvus":
         params = dict(params, collection_name=new_collection())
     one = build_index(model, root, name, progress=False, **params)
-    assert_same(on_cluster, one, Q)
+    assert_same(on_cluster, one, Q, G)
     if name == "milvus":  # the metadata shards became scalar fields
         for index in (on_cluster, one):
             _, ids = index.search(Q, k=5, filter='label == "a" and rank >= 100')
             labels = pd.concat([pd.read_parquet(f) for f in sorted((Path(root) / "metadata").iterdir())])
             assert (labels.label.to_numpy()[ids] == "a").all() and (ids >= 100).all()
-        np.testing.assert_array_equal(on_cluster.search(Q, k=5, filter='label == "a"')[1],
-                                      one.search(Q, k=5, filter='label == "a"')[1])
+        allowed = np.flatnonzero(labels.label.to_numpy() == "a")
+        for index in (on_cluster, one):
+            d, ids = index.search(Q, k=5, filter='label == "a"')
+            assert_topk_up_to_rounding(model, Q, G, ids, d, allowed=allowed)
 
 
 @pytest.mark.parametrize("backend", ["exact", "milvus-server"])
@@ -123,9 +128,9 @@ def test_worker_killed_mid_build(backend, data, model, client, request, tmp_path
     upserts of a shard written twice leave one row per id."""
     _, anchors, _, Q = data
     rng = np.random.default_rng(9)
-    G = unit_rows(rng, 6000, anchors.shape[1], anchors.mean(0)).astype(np.float32)
+    G = unit_rows(rng, 3000, anchors.shape[1], anchors.mean(0)).astype(np.float32)
     np.save(tmp_path / "big.npy", G)
-    slow = ad.Softmax(tau=0.05).fit(unit_rows(rng, 40000, anchors.shape[1], anchors.mean(0)))  # ~1 s per shard
+    slow = ad.Softmax(tau=0.05).fit(unit_rows(rng, 20000, anchors.shape[1], anchors.mean(0)))  # ~0.3 s per shard
     name, params = backend_params(backend, request)
     pids = client.run(os.getpid)
     result, killed = {}, []
@@ -148,5 +153,5 @@ def test_worker_killed_mid_build(backend, data, model, client, request, tmp_path
     if name == "milvus":
         params = dict(params, collection_name=new_collection())
     reference = Index(slow, name, **params).add(G)
-    assert_same(result["index"], reference, Q)
+    assert_same(result["index"], reference, Q, G)
     assert len(result["index"]) == len(G)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import anchordiv as ad
 from anchordiv.index import _certify
+from anchordiv.testing import assert_topk_up_to_rounding, float32_rounding, topk_up_to_rounding
 
 faiss = pytest.importorskip("faiss")
+pytestmark = pytest.mark.numeric
 
 
 def _clustered(rng, centres, n, spread):
@@ -35,16 +36,6 @@ INDEXES = [("flat", {}), ("ivf", {"nlist": 64, "nprobe": 1}), ("ivf", {"nlist": 
            ("hnsw", {"M": 8, "ef_search": 16})]
 
 
-def _exact_up_to_rounding(model, Q, G, ids, atol=1e-5):
-    """Rows whose k results are a top-k of the float64 divergences (ties within ``atol``)."""
-    if not len(Q):
-        return np.zeros(0, dtype=bool)
-    d64 = np.asarray(model.pairwise(Q.astype(np.float64), G.astype(np.float64)))
-    kth = np.sort(d64, axis=1)[:, ids.shape[1] - 1]
-    got = np.take_along_axis(d64, ids, axis=1)
-    return (got.max(1) <= kth + atol) & np.array([len(set(r)) == len(r) for r in ids.tolist()])
-
-
 @pytest.mark.parametrize("index_type,params", INDEXES, ids=["flat", "ivf1", "ivf4", "hnsw"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_certified_queries_are_exact_and_fallback_makes_all_exact(data, name, index_type, params):
@@ -57,16 +48,16 @@ def test_certified_queries_are_exact_and_fallback_makes_all_exact(data, name, in
     index.add(G)
     d, i, certified = index.search(Q, 10, certify=True, fallback=False)
     assert certified.dtype == bool and certified.shape == (len(Q),)
-    assert _exact_up_to_rounding(model, Q[certified], G, i[certified]).all()  # never a false "certified"
+    assert topk_up_to_rounding(model, Q[certified], G, i[certified], d[certified]).all()  # never a false "certified"
     if index_type == "hnsw":
         assert not certified.any()
     if index_type == "flat" or (name != "softmax" and params.get("nprobe") == 4):
         assert certified.mean() > 0.5  # the bounds are tight enough to be of use here
     d2, i2, certified2 = index.search(Q, 10, certify=True)
     assert np.array_equal(certified2, certified)
-    assert _exact_up_to_rounding(model, Q, G, i2).all()
-    assert np.array_equal(i2[~certified], i_exact[~certified])  # searched again exactly
-    np.testing.assert_allclose(d2, d_exact, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(i2[certified], i[certified]) and np.array_equal(d2[certified], d[certified])
+    assert_topk_up_to_rounding(model, Q, G, i2, d2)  # the others searched again exactly
+    assert_topk_up_to_rounding(model, Q, G, i_exact, d_exact)
 
 
 @pytest.mark.parametrize("candidates", ["auto", "embedding"])
@@ -77,9 +68,9 @@ def test_embedding_and_routed_candidates_certify_nothing_and_fall_back_exactly(d
     # "auto": routed lists for an anchor model without a Euclidean embedding
     assert index.params["candidates"] == ("routed" if candidates == "auto" else candidates)
     index.add(G)
-    _, i, certified = index.search(Q, 10, certify=True)
+    d, i, certified = index.search(Q, 10, certify=True)
     assert not certified.any()
-    assert np.array_equal(i, ad.Index(model).add(G).search(Q, 10)[1])
+    assert_topk_up_to_rounding(model, Q, G, i, d)
 
 
 def test_certify_with_exclusions_and_on_the_exact_backend(data):
@@ -87,14 +78,21 @@ def test_certify_with_exclusions_and_on_the_exact_backend(data):
     model = MODELS["gaussian"](A)
     exact = ad.Index(model)
     exact.add(G)
-    own = np.arange(len(Q))
+    # each query excludes its nearest key, which would otherwise lead its top 5
+    D64 = np.asarray(model.pairwise(Q.astype(np.float64), G.astype(np.float64)))
+    own, D = D64.argmin(1), np.sort(D64, axis=1)
+    clear = D[:, 5] - D[:, 4] > float32_rounding(model, Q, G)  # then a top 5 without it is not one with it
+    assert clear.mean() > 0.5
     _, i_exact = exact.search(Q, 5, exclude=own)
-    _, i, certified = exact.search(Q, 5, exclude=own, certify=True)
-    assert certified.all() and np.array_equal(i, i_exact)
+    d, i, certified = exact.search(Q, 5, exclude=own, certify=True)
+    assert certified.all() and np.array_equal(i, i_exact)  # the same computation, certified
+    assert_topk_up_to_rounding(model, Q, G, i, d, exclude=own[:, None])
     index = ad.Index(model, "faiss", index_type="ivf", nlist=64, nprobe=1)
     index.add(G)
-    _, i, certified = index.search(Q, 5, exclude=own, certify=True)
-    assert np.array_equal(i, i_exact) and not (i == own[:, None]).any()
+    d, i, certified = index.search(Q, 5, exclude=own, certify=True)
+    assert not (i == own[:, None]).any()
+    assert_topk_up_to_rounding(model, Q, G, i, d, exclude=own[:, None])
+    assert not topk_up_to_rounding(model, Q[clear], G, i[clear]).any()  # not a top 5 of all keys
 
 
 def test_unprobed_bound_is_below_every_true_distance():
@@ -153,7 +151,7 @@ def test_certify_with_an_allow_list_is_exact_among_the_allowed(data, index_type)
     allowed = np.arange(0, len(G), 3)
     index = ad.Index(model, "faiss", index_type=index_type, **({"nlist": 64, "nprobe": 2} if index_type == "ivf" else {}))
     index.add(G)
-    _, i, certified = index.search(Q, 5, filter=allowed, certify=True)
-    _, want = ad.Index(model).add(G[allowed]).search(Q, 5)
-    assert np.array_equal(i, allowed[want])
+    d, i, certified = index.search(Q, 5, filter=allowed, certify=True)
+    assert np.isin(i, allowed).all()
+    assert_topk_up_to_rounding(model, Q, G, i, d, allowed=allowed)
     assert certified.dtype == bool and (certified.any() if index_type == "flat" else not certified.any())

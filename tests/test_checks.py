@@ -9,6 +9,8 @@ from anchordiv.testing import check_geometry, geometry_checks
 
 from conftest import GEOMETRY_PARAMS
 
+pytestmark = pytest.mark.numeric
+
 
 def factory(name):
     return lambda: ad.make_model(name, **GEOMETRY_PARAMS[name])

@@ -40,8 +40,10 @@ def _assert_same(a, b, tol=1e-6):  # pml computes MRR in float32
 
 @pytest.fixture(scope="module")
 def data():
+    """float64 embeddings: this data has pairs whose divergences differ by less than float32 can
+    resolve, one relevant and one not, so float32 rankings (and the metrics) could differ by CPU."""
     x, y = _clustered()
-    return x, y
+    return x.double(), y
 
 
 # --------------------------------------------------------------------------- #
@@ -51,7 +53,7 @@ def data():
 def test_cosine_matches_pml_default_knn(data, k):
     x, y = data
     ours = _calc(ad.integrations.pml.knn_func(ad.Cosine()), k)
-    faiss_default = _calc(None, k)  # FaissKNN (L2; the same order as cosine on unit vectors)
+    # (pml's default FaissKNN searches in float32, whose order of near ties depends on the CPU)
     custom = _calc(pml_inf.CustomKNN(pml_dist.CosineSimilarity()), k)
     q, yq = x[:40], y[:40]
     g, yg = x[40:], y[40:]
@@ -62,7 +64,6 @@ def test_cosine_matches_pml_default_knn(data, k):
     ]
     for args, kw in cases:
         got = ours.get_accuracy(*args, **kw)
-        _assert_same(got, faiss_default.get_accuracy(*args, **kw))
         _assert_same(got, custom.get_accuracy(*args, **kw))
 
 

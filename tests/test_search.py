@@ -8,6 +8,8 @@ import anchordiv as ad
 
 from conftest import GEOMETRY_PARAMS, unit_rows
 
+pytestmark = pytest.mark.numeric
+
 PARAMS = GEOMETRY_PARAMS
 
 

@@ -7,6 +7,8 @@ import torch
 import anchordiv as ad
 from anchordiv.models import softmax as softmax_module
 
+pytestmark = pytest.mark.numeric
+
 N, D = 50, 16
 TAU = 1e-3
 

@@ -12,6 +12,14 @@ or, with pytest, one test per check::
     def test_my_geometry(check):
         check()
 
+For float32 results (an index, a float32 search), :func:`assert_topk_up_to_rounding` accepts a
+top-k when every returned key's float64 divergence is within the float32 rounding bound
+(:func:`float32_rounding`) of the float64 k-th, so that a test holds on every CPU and SIMD level::
+
+    from anchordiv.testing import assert_topk_up_to_rounding
+    dist, ids = index.search(Q32, k=10)
+    assert_topk_up_to_rounding(model, Q32, G32, ids, dist)
+
 Each check compares the geometry with an independent float64 computation from its own
 primitives: the feature-map contract against ``divergence`` (d(q‖g) = κ(η_g) − κ(η_q) −
 ∇κ(η_q)ᵀ(η_g − η_q)), and for anchor models eq. F.1,
@@ -32,7 +40,11 @@ import torch
 from .models import model_name
 from .models.base import Geometry, NotFittedError
 
-__all__ = ["check_geometry", "geometry_checks", "Check"]
+__all__ = ["check_geometry", "geometry_checks", "Check", "float32_rounding", "topk_up_to_rounding",
+           "assert_topk_up_to_rounding", "recall_up_to_rounding", "FLOAT32_EPS"]
+
+#: Unit roundoff of float32.
+FLOAT32_EPS = 2.0 ** -24
 
 
 def _unit(X: np.ndarray) -> np.ndarray:
@@ -250,3 +262,118 @@ def check_geometry(factory: Callable[[], Geometry], seed: int = 0) -> None:
         except AssertionError as exc:
             raise AssertionError(f"{check.name}: {exc}") from exc
 
+
+# ------------------------------------------------ float32 results against a float64 truth
+def _float64(X: Any) -> np.ndarray:
+    if isinstance(X, torch.Tensor):
+        X = X.detach().cpu().numpy()
+    return np.asarray(X, dtype=np.float64)
+
+
+def float32_rounding(model: Geometry, Q: Any, G: Any, symmetric: bool = True,
+                     l2_norm: float | None = None) -> np.ndarray:
+    """Per query, a bound on how far a float32 computation of its divergences to ``G`` may be
+    from the float64 ones: 4(m + 2)·u·s, with u the float32 unit roundoff, m the number of
+    terms (the key feature dimension, plus one) and s the size of the terms the divergence is
+    computed from, s = |o(q)| + ‖φ(q)‖·M, M = max ‖ψ(g)‖ (the inner-product form o − φᵀψ, in
+    which every exact search and re-ranking computes it). Higham's γ_m bound, doubled for the
+    two computations compared, as :func:`anchordiv.index._certify.rounding_slack`.
+
+    ``l2_norm``: the divergences were instead ranked as float32 squared L2 distances
+    ‖φ‖² + M'² − 2φᵀψ of an augmented index layout with key norm M' = ``l2_norm`` (an approximate
+    index without re-ranking); s then also holds ‖φ‖² + M'².
+
+    Computed from the float64 features of the float32-rounded inputs, so only the rounding
+    of the arithmetic is bounded, not that of the inputs themselves."""
+    Q64, G64 = _float64(Q), _float64(G)
+    offsets = np.abs(_float64(model.query_offsets(Q64, symmetric)))
+    phi = np.linalg.norm(_float64(model.query_features(Q64, symmetric)), axis=1)
+    psi = _float64(model.key_features(G64, symmetric))
+    M = float(np.linalg.norm(psi, axis=1).max(initial=0.0))
+    scale = offsets + phi * M
+    if l2_norm is not None:
+        scale = scale + phi ** 2 + max(M, l2_norm) ** 2
+    return 4.0 * (psi.shape[1] + 3) * FLOAT32_EPS * scale
+
+
+def _truth(model, Q64, G64, ids, symmetric, exclude, allowed, tol):
+    """(float64 divergences of ``ids``, float64 k-th per query, tol per query, valid distinct rows)."""
+    D = np.array(_float64(model.pairwise(Q64, G64, symmetric)))
+    rows = np.arange(len(Q64))[:, None]
+    if allowed is not None:
+        mask = np.ones(D.shape[1], dtype=bool)
+        mask[np.asarray(allowed, dtype=np.int64)] = False
+        D[:, mask] = np.inf
+    if exclude is not None:
+        ex = np.asarray(exclude, dtype=np.int64).reshape(len(Q64), -1)
+        D[np.broadcast_to(rows, ex.shape)[ex >= 0], ex[ex >= 0]] = np.inf
+    tol = (float32_rounding(model, Q64, G64, symmetric) if tol is None
+           else np.broadcast_to(np.asarray(tol, dtype=np.float64), (len(Q64),)))
+    kth = np.sort(D, axis=1)[:, ids.shape[1] - 1]
+    valid = (ids >= 0) & (ids < D.shape[1])
+    got = np.where(valid, np.take_along_axis(D, np.clip(ids, 0, D.shape[1] - 1), axis=1), np.inf)
+    distinct = np.array([len(set(r) - {-1}) == sum(i >= 0 for i in r) for r in ids.tolist()])
+    return got, kth, tol, valid & distinct[:, None]
+
+
+def _ids(ids: Any, n_q: int) -> np.ndarray:
+    ids = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids).astype(np.int64)
+    if ids.ndim != 2 or ids.shape[0] != n_q:
+        raise ValueError(f"ids must have shape (|Q|, k) = ({n_q}, k), not {ids.shape}")
+    return ids
+
+
+def topk_up_to_rounding(model: Geometry, Q: Any, G: Any, ids: Any, dist: Any = None, *,
+                        symmetric: bool = True, exclude: Any = None, allowed: Any = None,
+                        tol: Any = None) -> np.ndarray:
+    """Per query, whether ``ids`` (rows of ``G``, shape (|Q|, k)) is a top-k of the float64
+    divergences up to float32 rounding: the ids are distinct rows, each one's float64
+    divergence is at most the float64 k-th + ``tol`` (per query; default
+    :func:`float32_rounding`), and ``dist`` (when given) is within ``tol`` of the float64
+    divergences of ``ids``.
+
+    ``exclude`` (|Q|, e) rows left out per query (−1 for none) and ``allowed`` (rows that may be
+    returned) restrict the float64 truth as the search was restricted."""
+    Q64, G64 = _float64(Q), _float64(G)
+    ids = _ids(ids, len(Q64))
+    if not len(Q64):
+        return np.zeros(0, dtype=bool)
+    got, kth, tol, ok = _truth(model, Q64, G64, ids, symmetric, exclude, allowed, tol)
+    ok = ok.all(1) & np.isfinite(got).all(1) & (got <= (kth + tol)[:, None]).all(1)
+    if dist is not None:
+        d = _float64(dist).reshape(ids.shape)
+        ok &= (np.abs(d - got) <= tol[:, None]).all(1)
+    return ok
+
+
+def recall_up_to_rounding(model: Geometry, Q: Any, G: Any, ids: Any, *, symmetric: bool = True,
+                          exclude: Any = None, allowed: Any = None, tol: Any = None) -> float:
+    """Share of the returned ``ids`` (rows of ``G``, (|Q|, k); −1 a miss) that belong to a float64
+    top-k up to rounding: distinct valid rows whose float64 divergence is at most the float64
+    k-th + ``tol`` (per query; default :func:`float32_rounding`, a negative ``tol`` counts only
+    keys certainly in every top-k), averaged over all |Q|·k results."""
+    Q64, G64 = _float64(Q), _float64(G)
+    ids = _ids(ids, len(Q64))
+    got, kth, tol, ok = _truth(model, Q64, G64, ids, symmetric, exclude, allowed, tol)
+    return float((ok & (got <= (kth + tol)[:, None])).mean())
+
+
+def assert_topk_up_to_rounding(model: Geometry, Q: Any, G: Any, ids: Any, dist: Any = None, **kwargs) -> None:
+    """Raise ``AssertionError`` naming the first query where :func:`topk_up_to_rounding` fails,
+    with its ids' float64 divergences against the float64 k-th and the tolerance."""
+    ok = topk_up_to_rounding(model, Q, G, ids, dist, **kwargs)
+    if not ok.all():
+        r = int(np.flatnonzero(~ok)[0])
+        Q64, G64 = _float64(Q)[r:r + 1], _float64(G)
+        one = {key: (np.asarray(v)[r:r + 1] if key == "exclude" else v) for key, v in kwargs.items()
+               if key != "tol"}
+        tol = kwargs.get("tol")
+        row_ids = _ids(ids, len(ok))[r:r + 1]
+        got, kth, tol, _ = _truth(model, Q64, G64, row_ids, kwargs.get("symmetric", True), one.get("exclude"),
+                                  one.get("allowed"), None if tol is None else
+                                  np.broadcast_to(np.asarray(tol, dtype=np.float64), (len(ok),))[r:r + 1])
+        returned = "" if dist is None else f", returned distances {_float64(dist)[r].tolist()}"
+        raise AssertionError(
+            f"{int((~ok).sum())} of {len(ok)} queries are not a float64 top-{row_ids.shape[1]} up to float32 "
+            f"rounding; the first is query {r}: ids {row_ids[0].tolist()} at float64 divergences "
+            f"{got[0].tolist()}{returned}, against the float64 k-th {float(kth[0])!r} + tolerance {float(tol[0])!r}")
