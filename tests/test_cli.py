@@ -159,7 +159,8 @@ def test_search_table_json_csv(ws):
 
 
 @pytest.mark.parametrize("model, extra", [
-    ("softmax", ["--tau", "0.1"]), ("gaussian", []), ("gmm", ["--components", "2", "--seed", "1"]),
+    ("softmax", ["--tau", "0.1"]), ("gaussian", ["--param", "summary=mode"]),
+    ("gmm", ["--components", "2", "--seed", "1", "--param", "reg_covar=1e-4", "--param", "gmm.max_iter=50"]),
     ("latent_gaussian", ["--rank", "3"]), ("latent_spherical", ["--rank", "0.9"]), ("cosine", []), ("iti", []),
 ])
 def test_search_every_model(ws, model, extra):
@@ -230,6 +231,13 @@ def test_demo_prints_auprc_and_report(tmp_path):
     (["search", "{coll}", "--query-row", "0"], 2, "Error: --model softmax needs --anchors"),
     (["search", "{coll}", "--model", "cosine", "--query-row", "99"], 2, "row 99 is out of range"),
     (["search", "{coll}", "--model", "cosine", "--query-row", "0", "--rank", "3"], 2, "--rank applies only"),
+    (["search", "{coll}", "--model", "gmm", "--query-row", "0", "--param", "rank=3"], 2,
+     "no model given (gmm) takes 'rank'"),
+    (["search", "{coll}", "--model", "gmm", "--query-row", "0", "--param", "tau=3"], 2, "is set with --tau"),
+    (["search", "{coll}", "--model", "latent_gaussian", "--query-row", "0", "--rank", "1.5"], 2,
+     "--rank must be an int k >= 1 or a variance fraction in (0, 1], got '1.5'"),
+    (["index", "build", "{coll}", "--model", "gmm", "--model-param", "max_iter=0", "--out", "{root}/x.index"], 2,
+     "--model-param max_iter must be an int in [1, inf), got '0'"),
     (["search", "{coll}", "--model", "cosine", "--query-row", "0", "-k", "9"], 2, "9 exceeds the 8 items"),
     (["compare", "{coll}", "--model", "softmax,bogus", "--query-row", "0"], 2, "unknown model 'bogus'"),
     (["--bogus"], 2, "No such option"),

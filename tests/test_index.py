@@ -636,7 +636,8 @@ def test_ivf_nprobe_auto_is_the_smallest_reaching_the_recall_target(name, tmp_pa
     """nprobe="auto": the tuned value reaches AUTO_RECALL on sampled keys (each excluding itself)
     and the ladder's value below it does not; small adds keep it, adds that grow the collection
     by half tune again, and it is saved with the index."""
-    from anchordiv.index._index import AUTO_RECALL, AUTO_SAMPLE, NPROBE_LADDER, TIE_RTOL
+    from anchordiv.index._faiss import NPROBE_LADDER
+    from anchordiv.index._index import AUTO_RECALL, AUTO_SAMPLE, TIE_RTOL
 
     rng = np.random.default_rng(6)
     centres = rng.normal(size=(100, 64))

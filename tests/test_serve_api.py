@@ -885,3 +885,54 @@ def test_demo_embeddings_are_cached_by_encoder_and_content(tmp_path):
     assert enc.calls == 3 * (24 + 18) + 1
     build_demo_service(24, 0, enc, cache=tmp_path)
     assert enc.calls == 3 * (24 + 18) + 1
+
+
+# --------------------------------------------------------------------------- OpenAPI and /docs
+def test_openapi_describes_every_endpoint_and_model(client):
+    spec = client.get("/openapi.json").json()
+    assert spec["openapi"].startswith("3.") and spec["info"]["title"] == "anchordiv"
+    assert set(spec["paths"]) == {"/api/contexts", "/api/health", "/api/search", "/api/items/{id}",
+                                  "/api/thumb/{id}", "/indices-list", "/knn-service", "/metadata"}
+    search = spec["paths"]["/api/search"]["post"]
+    body = search["requestBody"]["content"]
+    assert set(body) == {"application/json", "multipart/form-data"}
+    fields = body["application/json"]["schema"]["properties"]
+    assert fields["k"]["minimum"] == 1 and fields["k"]["maximum"] == 1000 and fields["k"]["description"]
+    assert fields["tau"]["anyOf"][0]["minimum"] == 1e-4 and fields["text"]["anyOf"][0]["maxLength"] == 1000
+    assert body["application/json"]["schema"]["additionalProperties"] is False
+    assert all(f.get("description") for f in fields.values())
+    assert body["multipart/form-data"]["schema"]["properties"]["image"]["format"] == "binary"
+    assert search["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/SearchResponse")
+    schemas = spec["components"]["schemas"]
+    assert {"SearchResponse", "Hit", "Why", "Item", "Contexts", "Health", "KnnHit", "MetadataEntry",
+            "ErrorBody"} <= set(schemas)
+    assert "HTTPValidationError" not in schemas  # errors have the service's own shape
+    for path in spec["paths"].values():
+        for op in path.values():
+            assert op["responses"]["4XX"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    knn = spec["paths"]["/knn-service"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert {"indice_name", "num_images", "text", "image", "embedding_input"} <= set(knn["properties"])
+    meta = spec["paths"]["/metadata"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert meta["required"] == ["ids"] and meta["properties"]["ids"]["description"]
+
+
+def test_docs_are_served_from_the_package(client):
+    page = client.get("/docs")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert "http://" not in page.text and "https://" not in page.text and "<script>" not in page.text
+    assert "script-src 'self';" in page.headers["content-security-policy"]  # no inline script, no CDN
+    srcs = [part.split('"', 1)[0] for part in page.text.split('src="')[1:] + page.text.split('href="')[1:]]
+    for src in srcs:
+        if src.startswith("/"):
+            assert client.get(src).status_code == 200, src
+    if importlib.util.find_spec("fastapi_offline"):
+        assert "/docs/swagger-ui-bundle.js" in srcs
+    missing = client.get("/docs/index.html")
+    assert missing.status_code == 404 and missing.json()["field"] == "name"
+
+
+def test_docs_title_is_escaped():
+    from anchordiv.serve.app import docs_page
+
+    page = docs_page('<script>alert("x")</script> & co', swagger=False).decode()
+    assert "<script>alert" not in page and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; co" in page

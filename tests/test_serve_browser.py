@@ -323,3 +323,39 @@ fetch("{target}", {{method: "POST", mode: "no-cors",
             return (await fetch("/api/search", {method: "POST", body: f})).status; }""")
         pg.close()
         assert status == 200 and svc.context_key("latent_gaussian", "s", 0.0371) in svc.contexts
+
+
+@pytest.mark.parametrize("swagger", [True, False], ids=["swagger-ui", "plain"])
+def test_docs_page_renders_offline(browser, swagger, monkeypatch):
+    """``/docs`` renders the API from ``/openapi.json`` with no request outside the server, no error and
+    no CSP violation: Swagger UI when its package is installed, else the plain page; the title is text."""
+    from anchordiv.serve import app as app_module
+
+    if swagger:
+        pytest.importorskip("fastapi_offline")
+    else:
+        monkeypatch.setattr(app_module, "swagger_files", lambda: {})
+    svc = _stub_service()
+    svc.title = '<img src=x onerror="window.__pwned=1"> docs'
+    with ServerThread(create_app(svc)) as s:
+        pg = browser.new_page()
+        requests, errors, console = [], [], []
+        pg.on("request", lambda r: requests.append(r.url))
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        pg.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
+        pg.goto(s.url + "/docs")
+        if swagger:
+            pg.wait_for_selector(".opblock-summary-path", timeout=30_000)
+            paths = pg.eval_on_selector_all(".opblock-summary-path", "els => els.map(e => e.textContent)")
+            pg.click("#operations-search-search_api_search_post .opblock-summary")
+            pg.wait_for_selector("#operations-search-search_api_search_post .opblock-body", timeout=10_000)
+        else:
+            pg.wait_for_selector("#openapi h2", timeout=30_000)
+            paths = [h.split(" ", 1)[1] for h in pg.eval_on_selector_all("#openapi section h2",
+                                                                         "els => els.map(e => e.textContent)")]
+            assert '"maximum": 1000' in pg.text_content("#openapi")  # the request schemas are shown
+        assert {"/api/search", "/api/contexts", "/knn-service", "/metadata", "/indices-list"} <= set(paths)
+        assert svc.title in pg.title() and pg.evaluate("window.__pwned") is None
+        assert not errors and not console, (errors, console)
+        assert requests and all(u.startswith(s.url + "/") for u in requests), requests
+        pg.close()

@@ -26,7 +26,7 @@ import anchordiv as ad  # noqa: E402
 from anchordiv.anchorsfile import EmbeddedAnchors  # noqa: E402
 from anchordiv.io import Collection  # noqa: E402
 from anchordiv.serve import ServerThread, Service, create_app  # noqa: E402
-from anchordiv.serve.cache import storage_nbytes  # noqa: E402
+from anchordiv.serve.cache import storage_nbytes, storages  # noqa: E402
 from anchordiv.serve.server import ConnectionLimits  # noqa: E402
 from anchordiv.serve.service import CONTEXT_OVERHEAD  # noqa: E402
 
@@ -102,11 +102,15 @@ def test_a_cached_latent_context_is_charged_its_real_storage():
         comps = ctx.model.components_
         assert comps.shape == (3, 64)
         assert comps.untyped_storage().nbytes() == comps.numel() * comps.element_size()  # a compact copy
-        tensors = [ctx.keys, ctx.anchors.embeddings, ctx.anchors.weights,
+        tensors = [ctx.anchors.embeddings, ctx.anchors.weights,
                    *(t for t in vars(ctx.model).values() if hasattr(t, "untyped_storage"))]
         real = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
         shared = {t.untyped_storage().data_ptr() for t in (svc.G,)}
-        want = sum(n for p, n in real.items() if p not in shared) + CONTEXT_OVERHEAD
+        own = storages(ctx.model, ctx.anchors, svc.G)
+        index = sum(n for p, n in storages(ctx.index).items() if p not in own)
+        features = N * ctx.model.key_features(svc.G[:1]).shape[1] * 4
+        assert features <= index <= features + 4 * 8 * (N + 1)  # the key features and the id lookups
+        want = sum(n for p, n in real.items() if p not in shared) + index + CONTEXT_OVERHEAD
         assert svc.contexts.stats()["bytes"] - before == want
 
 

@@ -9,7 +9,7 @@ from . import diagnostics, exact, io, metrics, special
 from .exact import search
 from .anchors import AnchorSet
 from .index import Index
-from .baselines import Cosine, ImageTextInversion
+from .models.baselines import Cosine, ImageTextInversion
 from .models import (
     MODELS,
     AnchorModel,

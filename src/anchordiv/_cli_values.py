@@ -1,25 +1,13 @@
 """Values shared by the ``anchordiv`` commands: the options ``--param KEY=VALUE``, ``--rank`` and
-``--tau``, and the cells of the CSV files they write."""
+``--tau``, the model parameters they set (read from each model's declared ``PARAMS``), and the
+cells of the CSV files they write."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import click
-
-
-def parse_rank(value: str | None) -> int | float | None:
-    """``--rank`` as an int k or a float variance fraction."""
-    if value is None:
-        return None
-    text = value.strip()
-    try:
-        if any(c in text for c in ".eE"):
-            return float(text)
-        return int(text)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an int k or a variance fraction in (0, 1]", param_hint="--rank") from None
 
 
 def tau_option(ctx: click.Context | None, param: click.Parameter | None, value: Any) -> Any:
@@ -72,4 +60,75 @@ def parse_params(values: Sequence[str]) -> dict:
         if raw.lower() in ("true", "false"):
             value = raw.lower() == "true"
         out[key] = value
+    return out
+
+
+#: Options that set a declared model parameter on every model of the command that declares it:
+#: option -> which :class:`anchordiv.models.Param` it sets.
+MODEL_SHORTCUTS: dict[str, Callable[[Any], bool]] = {
+    "--components": lambda p: p.name == "n_components",
+    "--rank": lambda p: p.kind == "rank",
+    "--seed": lambda p: p.seed,
+}
+
+
+def models_declaring(option: str) -> list[str]:
+    """Registry names of the geometries with a parameter that ``option`` sets."""
+    from .models import model_params, registry
+
+    return [m for m in registry() if any(MODEL_SHORTCUTS[option](p) for p in model_params(m).values())]
+
+
+def _value(param: Any, value: Any, arg: str) -> Any:
+    try:
+        return param.parse(value, arg) if isinstance(value, str) else param.check(value, arg)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def model_param_values(models: Sequence[str], shortcuts: Mapping[str, Any], items: Sequence[str] = (),
+                       option: str = "--param", run: bool = False) -> dict[str, dict[str, Any]]:
+    """``{model: {param: value}}`` for ``models`` from the shortcut options (``{"--rank": "8"}``;
+    None values are left out) and ``KEY=VALUE`` / ``MODEL.KEY=VALUE`` items of ``option``.
+
+    Each value is checked against the model's declaration (:func:`anchordiv.models.model_params`).
+    ``KEY=VALUE`` goes to every model of ``models`` that declares ``KEY``, ``MODEL.KEY=VALUE``
+    to that model only. An option that no model of ``models`` takes is a usage error
+    (``run=True`` words it for an ``eval`` run).
+    """
+    from .models import model_params
+
+    out: dict[str, dict[str, Any]] = {}
+    for opt, value in shortcuts.items():
+        if value is None:
+            continue
+        takers = [(m, p) for m in models for p in model_params(m).values() if MODEL_SHORTCUTS[opt](p)]
+        if not takers:
+            declaring = models_declaring(opt)
+            if run:
+                raise click.UsageError(f"{opt} sets a parameter of {' and '.join(declaring) or 'no model'}, "
+                                       f"which this run does not fit")
+            raise click.UsageError(f"{opt} applies only to --model {' or '.join(declaring) or '(none registered)'}")
+        for m, p in takers:
+            out.setdefault(m, {})[p.name] = _value(p, value, opt)
+    parsed = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=option)
+        parsed.append((key, raw.strip()))
+    for key, raw in sorted(parsed, key=lambda kv: "." in kv[0]):  # MODEL.KEY last: it wins
+        model, _, name = key.rpartition(".")
+        if name in ("tau", "logit_scale"):
+            raise click.BadParameter(f"{key}: the temperature is set with --tau", param_hint=option)
+        if model and (model not in models or name not in model_params(model)):
+            raise click.BadParameter(f"{key}: {model} is not fitted {'in this run' if run else 'here'} or takes no "
+                                     f"{name!r}", param_hint=option)
+        takers = [model] if model else [m for m in models if name in model_params(m)]
+        if not takers:
+            raise click.BadParameter(f"no model {'of this run' if run else 'given'} ({', '.join(models)}) takes "
+                                     f"{name!r}", param_hint=option)
+        for m in takers:
+            out.setdefault(m, {})[name] = _value(model_params(m)[name], raw, f"{option} {key}")
     return out

@@ -25,18 +25,47 @@ from typing import Any, Sequence
 import click
 
 from . import __version__
-from ._cli_values import csv_cell as _csv_cell, parse_params as _parse_params, parse_rank as _parse_rank
-from ._cli_values import tau_option as _tau_option
+from ._cli_values import csv_cell as _csv_cell, parse_params as _parse_params
+from ._cli_values import model_param_values as _model_param_values, tau_option as _tau_option
 from ._util import json_scalar
+from .index import backend_choice, backend_class
 from .encoders import LazyEncoder
 from .models import default_tau, model_names, registry
 
-#: Geometries accepted by ``--model`` (the registry of :func:`anchordiv.make_model`).
-MODEL_NAMES = tuple(registry())
-#: Geometries with a temperature.
-TAU_MODELS = model_names(takes_temperature=True)
-#: Geometries that need anchors.
-ANCHOR_MODELS = model_names(needs_anchors=True)
+
+def _tau_models() -> tuple[str, ...]:
+    """Geometries with a temperature (read from the registry when a command runs)."""
+    return model_names(takes_temperature=True)
+
+
+def _anchor_models() -> tuple[str, ...]:
+    """Geometries that need anchors (read from the registry when a command runs)."""
+    return model_names(needs_anchors=True)
+
+
+def __getattr__(name: str) -> Any:
+    """``MODEL_NAMES``, ``TAU_MODELS`` and ``ANCHOR_MODELS``: the registry's names now, plug-ins included."""
+    table = {"MODEL_NAMES": lambda: tuple(registry()), "TAU_MODELS": _tau_models, "ANCHOR_MODELS": _anchor_models}
+    if name in table:
+        return table[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _ModelChoice(click.Choice):
+    """``--model``: a registry name, the choices read when the command runs (so geometries
+    registered after import, and installed plug-ins, are accepted)."""
+
+    def __init__(self) -> None:
+        super().__init__((), case_sensitive=True)
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(registry())
+
+    @choices.setter
+    def choices(self, value: Any) -> None:
+        pass
+
 #: Rows sampled by ``index build`` to measure an approximate index's recall@10, and the level below which it warns.
 RECALL_SAMPLE, RECALL_WARNING = 200, 0.95
 #: Suffix of the file written next to a saved index with what the command line needs.
@@ -126,8 +155,8 @@ def _split_models(values: Sequence[str], default: str = "softmax") -> list[str]:
             name = name.strip()
             if not name:
                 continue
-            if name not in MODEL_NAMES:
-                raise click.BadParameter(f"unknown model {name!r}; choose from {', '.join(MODEL_NAMES)}",
+            if name not in registry():
+                raise click.BadParameter(f"unknown model {name!r}; choose from {', '.join(registry())}",
                                          param_hint="--model")
             if name not in out:
                 out.append(name)
@@ -137,33 +166,29 @@ def _split_models(values: Sequence[str], default: str = "softmax") -> list[str]:
 
 
 def _check_model_options(models: Sequence[str], tau: float | None, components: int | None,
-                         rank: Any, seed: int | None = None) -> None:
-    """Reject model options that none of ``models`` takes."""
-    if tau is not None and not any(m in TAU_MODELS for m in models):
-        raise click.UsageError(f"--tau applies to {', '.join(TAU_MODELS)}, not to --model {','.join(models)}")
-    if components is not None and "gmm" not in models:
-        raise click.UsageError("--components applies only to --model gmm")
-    if rank is not None and not any(m.startswith("latent_") for m in models):
-        raise click.UsageError("--rank applies only to --model latent_gaussian or latent_spherical")
-    if seed is not None and "gmm" not in models:
-        raise click.UsageError("--seed applies only to --model gmm")
+                         rank: Any, seed: int | None = None, params: Sequence[str] = (),
+                         option: str = "--param") -> dict[str, dict[str, Any]]:
+    """``{model: {param: value}}`` of the model options, checked against each model's declared
+    parameters (:func:`anchordiv.models.model_params`); an option that none of ``models`` takes
+    is a usage error."""
+    if tau is not None and not any(m in _tau_models() for m in models):
+        raise click.UsageError(f"--tau applies to {', '.join(_tau_models())}, not to --model {','.join(models)}")
+    return _model_param_values(models, {"--components": components, "--rank": rank, "--seed": seed}, params,
+                               option=option)
 
 
-def _build_model(name: str, anchors: Any, tau: float | None, components: int | None, rank: Any,
-                 seed: int | None) -> Any:
-    """A fitted geometry from its registry name (:func:`anchordiv.experiments.build_geometry`)."""
+def _build_model(name: str, anchors: Any, tau: float | None, params: dict[str, dict[str, Any]]) -> Any:
+    """A fitted geometry from its registry name and ``{name: {param: value}}``
+    (:func:`anchordiv.experiments.build_geometry`; an unset seed is 0)."""
     from .experiments.core import build_geometry
 
-    if name in TAU_MODELS and tau is None:
+    if name in _tau_models() and tau is None:
         raise click.UsageError(
             f"--model {name} needs a temperature: pass --tau, or use a collection whose manifest records one"
         )
-    own = {"n_components": components, "seed": seed} if name == "gmm" else \
-        {"rank": rank} if name.startswith("latent_") else {}
-    params = {name: {key: value for key, value in own.items() if value is not None}}
     n = len(anchors) if anchors is not None else 0
-    model = build_geometry(name, tau, n, 0, params, seed=0 if seed is None else seed, clip=False)
-    if name in ANCHOR_MODELS:
+    model = build_geometry(name, tau, n, 0, {name: dict(params.get(name, {}))}, seed=0, clip=False)
+    if name in _anchor_models():
         if anchors is None:
             raise click.UsageError(f"--model {name} needs --anchors")
         return model.fit(anchors)
@@ -614,15 +639,25 @@ def _encoder_option(help_text: str):
     return decorate
 
 
-def _model_options(f):
-    f = click.option("--seed", type=int, default=None, help="Seed of the gmm fit.")(f)
-    f = click.option("--rank", default=None, metavar="K|FRACTION",
-                     help="Latent models: subspace dimension k, or a variance fraction in (0, 1] (default 0.95).")(f)
-    f = click.option("--components", type=click.IntRange(min=1), default=None,
-                     help="gmm: number of mixture components (default 4, as in the Python API and `eval`).")(f)
-    f = click.option("--tau", type=float, default=None, callback=_tau_option,
-                     help="Temperature in [1e-4, 100]; default from the collection's manifest, else the encoder.")(f)
-    return f
+def _model_options(*flags: str):
+    """The model options: --tau, --components, --rank, --seed and the declared parameters as
+    ``flags`` KEY=VALUE (``model_params``), e.g. ``--param`` / ``--model-param``."""
+    def decorate(f):
+        f = click.option(*flags, "model_params", multiple=True, metavar="[MODEL.]KEY=VALUE",
+                         help="A declared model parameter (anchordiv.models.model_params), e.g. reg_covar=1e-4 or "
+                              "gmm.max_iter=500; KEY=VALUE goes to every model that takes KEY (repeatable).")(f)
+        f = click.option("--seed", type=int, default=None, help="Seed of the fit (gmm: k-means++ initialisation).")(f)
+        f = click.option("--rank", default=None, metavar="K|FRACTION",
+                         help="Latent models: subspace dimension k, or a variance fraction in (0, 1] "
+                              "(default 0.95).")(f)
+        f = click.option("--components", type=click.IntRange(min=1), default=None,
+                         help="gmm: number of mixture components (default 4, as in the Python API and `eval`).")(f)
+        f = click.option("--tau", type=float, default=None, callback=_tau_option,
+                         help="Temperature in [1e-4, 100]; default from the collection's manifest, else the "
+                              "encoder.")(f)
+        return f
+
+    return decorate
 
 
 _FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
@@ -795,9 +830,9 @@ def _diagnose(collection: str, emb: Any, tau: float | None, top: int) -> None:
 @_query_options
 @click.option("--anchors", "anchor_spec", default=None, metavar="PATH[:SETS]",
               help="Anchors file, or PATH:NAME[:P][,NAME[:P]...] for a mixture of its sets.")
-@click.option("--model", "model_name", type=click.Choice(MODEL_NAMES), default="softmax", show_default=True,
-              help="Geometry.")
-@_model_options
+@click.option("--model", "model_name", type=_ModelChoice(), default="softmax", show_default=True,
+              help="Geometry (a registry name: built-in or an installed plug-in).")
+@_model_options("--param", "--model-param")
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Neighbours per query.")
 @click.option("--encoder", default=None, metavar="SPEC", help=_ENCODER_HELP)
 @click.option("--index", "index_path", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -807,7 +842,7 @@ def _diagnose(collection: str, emb: Any, tau: float | None, top: int) -> None:
 @click.option("--device", default=None, help="Torch device for the encoder and the search.")
 @_FORMAT_OPTION
 def search(collection: str, query_refs, query_texts, query_images, anchor_spec, model_name, tau, components, rank,
-           seed, k, encoder, index_path, asymmetric, include_self, device, fmt) -> None:
+           seed, model_params, k, encoder, index_path, asymmetric, include_self, device, fmt) -> None:
     """Nearest neighbours of queries in a collection under one anchor geometry.
 
     Queries are items of the collection (--query-row N, its row number; --query-id ID,
@@ -823,27 +858,28 @@ def search(collection: str, query_refs, query_texts, query_images, anchor_spec, 
           --query-text "a watercolor of a harbour" -k 5
       anchordiv search coll/ --anchors anchors.yaml:object:0.7,style:0.3 \\
           --model latent_gaussian --rank 8 --query-id 12 --format json
+      anchordiv search coll/ --anchors anchors.yaml --model gmm --param reg_covar=1e-4 --query-row 0
     """
-    rank = _parse_rank(rank)
     coll = _load_collection(collection)
     if index_path is not None:
         ctx = click.get_current_context()
         explicit = ctx.get_parameter_source("model_name") == click.core.ParameterSource.COMMANDLINE
         given = [o for o, v in (("--anchors", anchor_spec), ("--model", model_name if explicit else None),
                                 ("--tau", tau), ("--components", components), ("--rank", rank),
-                                ("--seed", seed), ("--asymmetric", asymmetric or None)) if v is not None]
+                                ("--seed", seed), ("--param", model_params or None),
+                                ("--asymmetric", asymmetric or None)) if v is not None]
         if given:
             raise click.UsageError(f"{', '.join(given)} cannot be combined with --index (the index holds its model)")
         _search_index(index_path, coll, query_refs, query_texts, query_images, k, encoder, include_self, device, fmt)
         return
-    _check_model_options([model_name], tau, components, rank, seed)
+    params = _check_model_options([model_name], tau, components, rank, seed, model_params)
     enc = _collection_encoder(coll, encoder, device)
-    if model_name in ANCHOR_MODELS and anchor_spec is None:
+    if model_name in _anchor_models() and anchor_spec is None:
         raise click.UsageError(f"--model {model_name} needs --anchors")
     anchor_list = _resolve_anchor_options([anchor_spec], enc) if anchor_spec else []
     anchor_set = anchor_list[0][1] if anchor_list else None
     t = _default_tau(tau, coll, [a[2] for a in anchor_list], enc, [model_name])
-    model = _build_model(model_name, _anchors_to(anchor_set, device), t, components, rank, seed)
+    model = _build_model(model_name, _anchors_to(anchor_set, device), t, params)
     queries = _gather_queries(coll, query_refs, query_texts, query_images, enc, coll.dim)
     import numpy as np
 
@@ -856,7 +892,7 @@ def search(collection: str, query_refs, query_texts, query_images, anchor_spec, 
     if anchor_set is not None and t is not None:
         _add_top_anchors(results, anchor_set, Q, t)
     _emit(results, fmt, {"collection": collection, "model": model_name, "anchors": anchor_spec,
-                         "tau": t if model_name in TAU_MODELS else None, "k": k}, ids=_has_ids(coll))
+                         "tau": t if model_name in _tau_models() else None, "k": k}, ids=_has_ids(coll))
 
 
 def _add_top_anchors(results: list[dict], anchors: Any, Q: Any, tau: float, top: int = 3) -> None:
@@ -900,10 +936,11 @@ def _parse_filter(coll: Any, ids: str | None, rows: str | None, backend: str, n:
     if ids is None:
         return None
     if not ids.startswith("@") and not _ID_LIST.fullmatch(ids.strip()):
-        if backend == "milvus":
+        if backend_class(backend).tags().expression_filters:
             return ids
         raise click.BadParameter(f"{ids!r} is not a list of ids: pass ids as a,b,c or @ids.txt (one per line); "
-                                 "boolean expressions need a milvus index", param_hint="--filter")
+                                 "boolean expressions need a backend with expression filters (milvus)",
+                                 param_hint="--filter")
     values = _read_list(ids, "--filter")
     return np.array(_rows_of_ids(coll, values, "--filter", "--filter-rows"), dtype=np.int64)
 
@@ -946,9 +983,10 @@ def _search_index(index_path: str, coll: Any, query_refs, query_texts, query_ima
 @click.option("--anchors", "anchor_specs", multiple=True, metavar="PATH[:SETS]",
               help="Anchors (repeatable: each spec is compared as its own context).")
 @click.option("--model", "models", multiple=True, metavar="NAME[,NAME...]",
-              help=f"Geometries to compare (repeatable or comma list) from {', '.join(MODEL_NAMES)}; "
+              help=f"Geometries to compare (repeatable or comma list) from {', '.join(model_names(builtin=True))} "
+                   "or an installed plug-in; "
                    "default softmax,cosine.")
-@_model_options
+@_model_options("--param", "--model-param")
 @click.option("-k", "k", type=click.IntRange(min=1), default=8, show_default=True, help="Neighbours per query.")
 @click.option("--encoder", default=None, metavar="SPEC", help=_ENCODER_HELP)
 @click.option("--label", "label_columns", multiple=True, metavar="COLUMN",
@@ -961,8 +999,8 @@ def _search_index(index_path: str, coll: Any, query_refs, query_texts, query_ima
 @click.option("--out", "out_dir", default="report", show_default=True, type=click.Path(file_okay=False),
               help="Report folder.")
 @click.option("--device", default=None, help="Torch device for the encoder and the search.")
-def compare(collection, query_refs, query_texts, query_images, anchor_specs, models, tau, components, rank, seed, k,
-            encoder, label_columns, include_self, asymmetric, title, png, out_dir, device) -> None:
+def compare(collection, query_refs, query_texts, query_images, anchor_specs, models, tau, components, rank, seed,
+            model_params, k, encoder, label_columns, include_self, asymmetric, title, png, out_dir, device) -> None:
     """Neighbours of queries under several geometries side by side, written as an HTML report.
 
     Every anchor model (--model) is fitted to every --anchors spec; cosine appears once,
@@ -980,25 +1018,24 @@ def compare(collection, query_refs, query_texts, query_images, anchor_specs, mod
 
     from . import report
 
-    rank = _parse_rank(rank)
     names = _split_models(models, default="softmax,cosine")
-    _check_model_options(names, tau, components, rank, seed)
-    if any(m in ANCHOR_MODELS for m in names) and not anchor_specs:
-        raise click.UsageError(f"--model {','.join(m for m in names if m in ANCHOR_MODELS)} needs --anchors")
+    params = _check_model_options(names, tau, components, rank, seed, model_params)
+    if any(m in _anchor_models() for m in names) and not anchor_specs:
+        raise click.UsageError(f"--model {','.join(m for m in names if m in _anchor_models())} needs --anchors")
     coll = _load_collection(collection)
     enc = _collection_encoder(coll, encoder, device)
     anchor_list = _resolve_anchor_options(anchor_specs, enc)
     t = _default_tau(tau, coll, [a[2] for a in anchor_list], enc, names)
     geometries: dict[str, Any] = {}
     for name in names:
-        if name in ANCHOR_MODELS:
+        if name in _anchor_models():
             for spec, aset, _ in anchor_list:
                 key = name if len(anchor_list) == 1 else f"{name} · {spec}"
                 label = f"{name} · {spec} ({len(aset)} anchors)"
-                geom = _build_model(name, _anchors_to(aset, device), t, components, rank, seed)
+                geom = _build_model(name, _anchors_to(aset, device), t, params)
                 geometries[key] = report.ReportGeometry(geom, label=label, anchors=aset)
         else:
-            geometries[name] = report.ReportGeometry(_build_model(name, None, t, components, rank, seed),
+            geometries[name] = report.ReportGeometry(_build_model(name, None, t, params),
                                                      label=f"{name} (no anchors)")
     queries = _gather_queries(coll, query_refs, query_texts, query_images, enc, coll.dim)
     meta = coll.metadata
@@ -1022,7 +1059,7 @@ def compare(collection, query_refs, query_texts, query_images, anchor_specs, mod
     Qd, Gd = _as_device(device, Q, coll.embeddings)
     info = {"collection": collection, "encoder": enc.name if enc else None,
             "anchors": ", ".join(anchor_specs) or None,
-            "tau": t if any(m in TAU_MODELS for m in names) else None}
+            "tau": t if any(m in _tau_models() for m in names) else None}
     result = report.compare(
         Qd, Gd, geometries, k=k, query_rows=queries.rows, exclude_self=not include_self,
         labels={c: meta[c].to_numpy() for c in label_cols} or None, items=items, query_items=query_items,
@@ -1038,7 +1075,7 @@ def compare(collection, query_refs, query_texts, query_images, anchor_specs, mod
 
 @cli.group(cls=_Group, context_settings=_CONTEXT)
 def index() -> None:
-    """Build and search saved indexes (exact, faiss or milvus backends).
+    """Build and search saved indexes (exact, faiss, milvus, or a registered plug-in backend).
 
     Example:
 
@@ -1053,11 +1090,11 @@ def index() -> None:
 @click.argument("collection", type=click.Path(exists=True))
 @click.option("--anchors", "anchor_spec", default=None, metavar="PATH[:SETS]",
               help="Anchors file, or PATH:NAME[:P][,NAME[:P]...] for a mixture of its sets.")
-@click.option("--model", "model_name", type=click.Choice(MODEL_NAMES), default="softmax", show_default=True,
-              help="Geometry.")
-@_model_options
-@click.option("--backend", type=click.Choice(["exact", "faiss", "milvus"]), default="exact", show_default=True,
-              help="Index backend.")
+@click.option("--model", "model_name", type=_ModelChoice(), default="softmax", show_default=True,
+              help="Geometry (a registry name: built-in or an installed plug-in).")
+@_model_options("--model-param")
+@click.option("--backend", type=backend_choice(), default="exact", show_default=True,
+              help="Index backend: a registered name, plug-ins included.")
 @click.option("--index-type", default=None, help="faiss: flat, hnsw or ivf; milvus: FLAT, HNSW, IVF_FLAT, AUTOINDEX.")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Further backend parameter, e.g. M=32, ef_search=128, nlist=256, uri=./gallery.db (repeatable).")
@@ -1069,8 +1106,8 @@ def index() -> None:
               help="Build on a local Dask cluster of this many worker processes (pip install 'dask[distributed]').")
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Build on an existing Dask cluster, e.g. tcp://10.0.0.5:8786.")
-def index_build(collection, anchor_spec, model_name, tau, components, rank, seed, backend, index_type, params,
-                asymmetric, encoder, device, out_path, workers, scheduler) -> None:
+def index_build(collection, anchor_spec, model_name, tau, components, rank, seed, model_params, backend, index_type,
+                params, asymmetric, encoder, device, out_path, workers, scheduler) -> None:
     """Fit a geometry and store a collection in a saved index.
 
     The index keeps the fitted model and keys each vector by its row number in the
@@ -1086,23 +1123,21 @@ def index_build(collection, anchor_spec, model_name, tau, components, rank, seed
     """
     from .index import build_index
 
-    rank = _parse_rank(rank)
-    _check_model_options([model_name], tau, components, rank, seed)
+    own = _check_model_options([model_name], tau, components, rank, seed, model_params, "--model-param")
     coll = _load_collection(collection)
     enc = _collection_encoder(coll, encoder, device)
-    if model_name in ANCHOR_MODELS and anchor_spec is None:
+    if model_name in _anchor_models() and anchor_spec is None:
         raise click.UsageError(f"--model {model_name} needs --anchors")
     anchor_list = _resolve_anchor_options([anchor_spec], enc) if anchor_spec else []
     t = _default_tau(tau, coll, [a[2] for a in anchor_list], enc, [model_name])
-    model = _build_model(model_name, _anchors_to(anchor_list[0][1] if anchor_list else None, device), t,
-                         components, rank, seed)
+    model = _build_model(model_name, _anchors_to(anchor_list[0][1] if anchor_list else None, device), t, own)
     kwargs = _parse_params(params)
+    backend_cls = backend_class(backend)
     if index_type is not None:
-        if backend == "exact":
-            raise click.UsageError("--index-type applies to the faiss and milvus backends")
-        kwargs["index_type"] = index_type.upper() if backend == "milvus" else index_type.lower()
-    if backend == "milvus" and "uri" not in kwargs:
-        kwargs["uri"] = os.fspath(out_path) + ".milvus.db"
+        if "index_type" not in backend_cls.DEFAULTS:
+            raise click.UsageError(f"--index-type does not apply to the {backend} backend")
+        kwargs["index_type"] = index_type
+    kwargs = {**backend_cls.file_params(os.fspath(out_path)), **kwargs}
     import numpy as np
 
     if workers is not None and scheduler is not None:
@@ -1111,14 +1146,14 @@ def index_build(collection, anchor_spec, model_name, tau, components, rank, seed
         source = collection if Path(collection).is_dir() or str(collection).lower().endswith(".npy") else coll
         idx = build_index(model, source, backend, symmetric=not asymmetric, client=client, **kwargs)
     recall = None
-    if backend != "exact":  # how well the approximate index keeps its promise, on a sample of the rows
+    if not backend_cls.tags().exact:  # how well the approximate index keeps its promise, on a sample of the rows
         rows = np.random.default_rng(0).choice(len(coll), size=min(RECALL_SAMPLE, len(coll)), replace=False)
         (sample,) = _as_device(device, np.asarray(coll.embeddings[np.sort(rows)], dtype=np.float32))
         recall = idx.recall(sample, k=min(10, len(idx)))
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     digest = idx.save(out_path)
     meta = {"collection": os.path.abspath(collection), "encoder": enc.name if enc else None,
-            "model": model_name, "anchors": anchor_spec, "tau": t if model_name in TAU_MODELS else None,
+            "model": model_name, "anchors": anchor_spec, "tau": t if model_name in _tau_models() else None,
             "backend": backend, "n": len(idx), "recall@10": recall,
             "index_sha256": digest, "collection_fingerprint": coll.fingerprint()}
     _write_index_meta(out_path, meta)

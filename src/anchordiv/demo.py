@@ -396,7 +396,7 @@ def run_demo(
 
     from . import report
     from .anchors import AnchorSet
-    from .baselines import Cosine, ImageTextInversion
+    from .models.baselines import Cosine, ImageTextInversion
     from .experiments.core import mean_auprc
     from .models import Gaussian, Softmax
 

@@ -95,7 +95,7 @@ def run_image_demo(out_dir: str | os.PathLike = "emoji-demo-report", encoder: An
 
     from . import report
     from ._util import positive_int
-    from .baselines import Cosine
+    from .models.baselines import Cosine
     from .demo import format_table, pick_queries
     from .experiments.core import mean_auprc
     from .models import Softmax

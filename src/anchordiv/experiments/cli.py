@@ -25,9 +25,8 @@ from typing import Any, Callable, Sequence
 import click
 
 from .._cli_values import tau_option
-from ..models import default_tau, model_names, registry
+from ..models import default_tau, model_names
 from . import protocols as P
-from .core import ALL_MODELS, ANCHOR_MODELS, BASELINES, POSTERIOR_MODELS
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -55,34 +54,11 @@ def _default(protocol: Callable, name: str) -> list[str]:
 
 def _model_params(models: Sequence[str], components: int | None, rank: str | None,
                   params: Sequence[str]) -> dict[str, dict]:
-    """``{model: {param: value}}`` from ``--components``, ``--rank`` and ``--param`` for the fitted ``models``."""
-    from .._cli_values import parse_params as _parse_params, parse_rank as _parse_rank
+    """``{model: {param: value}}`` from ``--components``, ``--rank`` and ``--param`` for the fitted
+    ``models``, checked against each model's declared parameters."""
+    from .._cli_values import model_param_values
 
-    out: dict[str, dict] = {}
-    if components is not None:
-        if "gmm" not in models:
-            raise click.UsageError("--components sets the components of gmm, which this run does not fit")
-        out["gmm"] = {"n_components": components}
-    if rank is not None:
-        if not any(m.startswith("latent_") for m in models):
-            raise click.UsageError("--rank applies to latent_gaussian and latent_spherical, which this run does "
-                                   "not fit")
-        out.update({m: {"rank": _parse_rank(rank)} for m in ("latent_gaussian", "latent_spherical")})
-
-    def takes(model: str, key: str) -> bool:
-        return key in inspect.signature(registry()[model].__init__).parameters
-
-    for key, value in sorted(_parse_params(params).items(), key=lambda kv: "." in kv[0]):  # MODEL.KEY last
-        model, _, name = key.rpartition(".")
-        if model and (model not in models or not takes(model, name)):
-            raise click.BadParameter(f"{key}: {model} is not fitted in this run or takes no {name!r}",
-                                     param_hint="--param")
-        takers = [model] if model else [m for m in models if takes(m, name)]
-        if not takers:
-            raise click.BadParameter(f"no model of this run ({', '.join(models)}) takes {name!r}", param_hint="--param")
-        for m in takers:
-            out.setdefault(m, {})[name] = value
-    return out
+    return model_param_values(models, {"--components": components, "--rank": rank}, params, run=True)
 
 
 class _Inputs:
@@ -320,19 +296,27 @@ def _command(name: str, short_help: str, example: str, anchors: str | None) -> C
                                  help="Label column described by each --anchors, in the same order."))
 
 
-def _geometries(option: str, allowed: Sequence[str], protocol: Callable, arg: str) -> Callable:
-    """``--model`` or ``--baseline``: repeatable, comma-separated names from ``allowed`` (None when not given)."""
+def _geometries(option: str, allowed: Sequence[str] | dict, protocol: Callable, arg: str) -> Callable:
+    """``--model`` or ``--baseline``: repeatable, comma-separated names from ``allowed`` (None when not
+    given). ``allowed`` is a list of names, or the :class:`~anchordiv.models.Tags` of the registered
+    geometries that apply (read when the command runs, so installed plug-ins count)."""
+    def choices() -> tuple[str, ...]:
+        return model_names(**allowed) if isinstance(allowed, dict) else tuple(allowed)
+
     def names(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> list[str] | None:
         out = [m.strip() for v in values for m in v.split(",") if m.strip()]
         for m in out:
-            if m not in allowed:
-                what = f"unknown model {m!r}" if m not in ALL_MODELS else f"{m!r} does not apply here"
-                raise click.BadParameter(f"{what}; choose from {', '.join(allowed)}", ctx, param)
+            if m not in choices():
+                what = f"unknown model {m!r}" if m not in model_names() else f"{m!r} does not apply here"
+                raise click.BadParameter(f"{what}; choose from {', '.join(choices())}", ctx, param)
         return out or None
 
     what = "Geometries" if option == "--model" else "Reference geometries"
+    shown = model_names(builtin=True, **allowed) if isinstance(allowed, dict) else allowed
+    more = " and installed plug-ins" if isinstance(allowed, dict) else ""
     return click.option(option, arg, multiple=True, metavar="NAME[,NAME...]", callback=names,
-                        help=f"{what}: {', '.join(allowed)} (default: {', '.join(_default(protocol, arg)) or 'none'}).")
+                        help=f"{what}: {', '.join(shown)}{more} "
+                             f"(default: {', '.join(_default(protocol, arg)) or 'none'}).")
 
 
 def _draws(what: str) -> Callable:
@@ -351,7 +335,7 @@ _BUDGETS = click.option("--budgets", type=_List(int), help="Anchor budgets (defa
 @_command("coordinate", "Anchor mixture p·A + (1 − p)·B against AUPRC on factors A and B (Figure 3).",
           "anchordiv eval coordinate coll/ --anchors anchors.yaml:breeds --anchors anchors.yaml:places \\\n"
           "      --factor breed --factor place --model softmax,gaussian --out results/coordinate", "two, A then B")
-@_geometries("--model", ALL_MODELS, P.coordinate, "models")
+@_geometries("--model", {}, P.coordinate, "models")
 @_geometries("--baseline", ("cosine",), P.coordinate, "baselines")
 @click.option("--proportions", type=_List(float), help="Mixture proportions p in [0, 1] (default 0, 0.1, ..., 1).")
 @_draws("realisations of the two anchor sets (default 5)")
@@ -368,8 +352,8 @@ def coordinate(models, baselines, proportions, n_draws, anchor_fraction, **o):
 @_command("budget", "AUPRC against the number of anchors (Figures 4, 6).",
           "anchordiv eval budget coll/ --anchors anchors.yaml:breeds --factor breed --budgets 2,4,8,18 \\\n"
           "      --out results/budget", "one")
-@_geometries("--model", ANCHOR_MODELS, P.budget, "models")
-@_geometries("--baseline", BASELINES, P.budget, "baselines")
+@_geometries("--model", {"anchor_model": True}, P.budget, "models")
+@_geometries("--baseline", {"anchor_model": False}, P.budget, "baselines")
 @_BUDGETS
 @_draws("random subsets per budget (default 5)")
 @_common()
@@ -385,7 +369,7 @@ def budget(models, baselines, budgets, n_draws, **o):
           "      --factor breed --model gaussian,gmm,latent_spherical --rank 16 --out results/adaptation",
           "one, the target anchors")
 @click.option("--broad", "broad_spec", required=True, metavar="SPEC", help="Broad anchors (the prior), as --anchors.")
-@_geometries("--model", POSTERIOR_MODELS, P.adaptation, "models")
+@_geometries("--model", {"accepts_prior": True}, P.adaptation, "models")
 @_geometries("--baseline", ("softmax", "iti", "cosine"), P.adaptation, "references")
 @_BUDGETS
 @_draws("random target subsets per budget (default 5)")
@@ -403,7 +387,7 @@ def adaptation(broad_spec, models, references, budgets, n_draws, **o):
           "anchordiv eval components coll/ --anchors anchors.yaml:breeds --factor breed \\\n"
           "      --anchors anchors.yaml:places --factor place --components 1,2,4,8 --out results/components",
           "one or more, each with its --factor")
-@_geometries("--baseline", tuple(m for m in model_names() if m != "gmm"), P.components, "references")
+@_geometries("--baseline", tuple(m for m in model_names(builtin=True) if m != "gmm"), P.components, "references")
 @_draws("gmm initialisations per M (default 3)")
 @_common(sweep_components=True)
 def components(references, n_components, n_draws, **o):
@@ -417,8 +401,8 @@ def components(references, n_components, n_draws, **o):
           "      --tau 0.01,0.05 --out results/table",
           "one per label of the table, each with its --factor (with --multilabel: any number of files, "
           "FILE:SET=LABEL maps a set to a label)")
-@_geometries("--model", ANCHOR_MODELS, P.table, "models")
-@_geometries("--baseline", BASELINES, P.table, "baselines")
+@_geometries("--model", {"anchor_model": True}, P.table, "models")
+@_geometries("--baseline", {"anchor_model": False}, P.table, "baselines")
 @click.option("--multilabel", is_flag=True,
               help="The one --factor holds several labels per item; each anchor set is a row for the label "
                    "matching its name (ignoring case, spaces, underscores) or named by FILE:SET=LABEL.")
@@ -463,7 +447,7 @@ def table(models, baselines, multilabel, per_value, values, all_queries, n_draws
 
 @_command("runtime", "Fit + search time against the number of anchors (Table 4).",
           "anchordiv eval runtime --n-anchors 256,1024,4096 --out results/runtime", None)
-@_geometries("--model", ALL_MODELS, P.runtime, "models")
+@_geometries("--model", {}, P.runtime, "models")
 @click.option("--n-anchors", type=_List(int), default="256,1024,4096", show_default=True, help="Anchor counts N.")
 @click.option("--queries", "n_queries", type=click.IntRange(min=1), default=200, show_default=True, help="Queries.")
 @click.option("--gallery", "n_gallery", type=click.IntRange(min=10), default=2000, show_default=True,

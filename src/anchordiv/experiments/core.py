@@ -56,15 +56,16 @@ __all__ = [
     "metric_scope",
 ]
 
-#: Anchor-distribution models by registry name (they take a temperature).
-ANCHOR_MODELS = model_names(anchor_model=True)
+#: The paper's anchor-distribution models (they take a temperature): the protocols' default
+#: model sets. Installed plug-ins are accepted wherever their tags fit (:func:`check_models`).
+ANCHOR_MODELS = model_names(anchor_model=True, builtin=True)
 #: Models with a posterior update ``fit(target, prior=broad)`` (paper §4, App. D): the
 #: parametric anchor models of §3.
-POSTERIOR_MODELS = model_names(accepts_prior=True)
+POSTERIOR_MODELS = model_names(accepts_prior=True, builtin=True)
 PARAMETRIC = POSTERIOR_MODELS
 #: Reference geometries (paper §5.1): cosine (no anchors) and image-text inversion.
-BASELINES = model_names(anchor_model=False)
-#: Every registry name.
+BASELINES = model_names(anchor_model=False, builtin=True)
+#: Every built-in registry name.
 ALL_MODELS = ANCHOR_MODELS + BASELINES
 
 
@@ -447,10 +448,18 @@ def resolve_entries(entries: Any, data: EvalData, what: str) -> tuple[EvalData, 
 
 
 # --------------------------------------------------------------------- geometries
-def check_models(models: Iterable[str], allowed: Sequence[str] = ALL_MODELS, what: str = "model") -> list[str]:
-    """Model names, checked against ``allowed``; duplicates dropped, order kept."""
+def check_models(models: Iterable[str], allowed: Sequence[str] | Mapping[str, bool] | None = None,
+                 what: str = "model") -> list[str]:
+    """Model names, checked against ``allowed``; duplicates dropped, order kept.
+
+    ``allowed`` is a list of names, a mapping of :class:`~anchordiv.models.Tags` that the
+    registered geometries must have (``{"anchor_model": True}``), or None for every
+    registered geometry; the registry is read at call time, so plug-ins count.
+    """
     if isinstance(models, str):
         models = [models]
+    if allowed is None or isinstance(allowed, Mapping):
+        allowed = model_names(**(allowed or {}))
     out: list[str] = []
     for m in models:
         if m not in allowed:
@@ -485,29 +494,31 @@ def build_geometry(name: str, tau: float | None, n_anchors: int, dim: int,
     seed : int, optional
         Seed of the GMM's k-means++ initialisation (unless ``model_params`` sets one).
     clip : bool, optional
-        Fit what the anchors allow: a GMM gets at most ``n_anchors`` components and an
-        integer latent rank at most ``min(n_anchors - 1, dim)`` (a covariance of n
-        anchors has rank at most n - 1). When False the parameters are used as given.
+        Fit what the anchors allow: every declared parameter with an ``at_most`` bound
+        (:class:`anchordiv.models.Param`) is clipped to it, e.g. a GMM gets at most
+        ``n_anchors`` components and an integer latent rank is at most
+        ``min(n_anchors - 1, dim)`` (a covariance of n anchors has rank at most n - 1).
+        When False the parameters are used as given. A declared seed parameter that
+        ``model_params`` does not set gets ``seed``.
 
     Returns
     -------
     Geometry
         Not fitted.
     """
-    from ..models import make_model
+    from ..models import make_model, model_params as declared
 
     params = dict((model_params or {}).get(name, {}))
-    if name in model_names(takes_temperature=True) and "tau" not in params and "logit_scale" not in params:
+    if registry()[name].tags().takes_temperature and "tau" not in params and "logit_scale" not in params:
         params["tau"] = tau
-    if name == "gmm":
-        params.setdefault("seed", int(seed))
-        if clip:
-            given = params.get("n_components", registry()["gmm"]().n_components)
-            params["n_components"] = max(1, min(int(given), int(n_anchors)))
-    if name.startswith("latent_") and clip:
-        rank = params.get("rank", 0.95)
-        if isinstance(rank, numbers.Integral) and not isinstance(rank, bool):
-            params["rank"] = max(1, min(int(rank), int(n_anchors) - 1, int(dim)))
+    for key, p in declared(name).items():
+        if p.seed:
+            params.setdefault(key, int(seed))
+        if clip and p.at_most is not None:
+            value = params.get(key, p.default)
+            clipped = p.clip(value, n_anchors, dim)
+            if key in params or clipped != value:
+                params[key] = clipped
     return make_model(name, **params)
 
 
@@ -520,8 +531,8 @@ def min_anchors(name: str) -> int:
 def _distances(geometry: Any, Q: np.ndarray, key_psi: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Distances of a block of queries to all keys (:func:`anchordiv.exact.distance_matrix`)
     and the size of the terms of each row, ``|o_i| + max_j |φ_i·ψ_j|``."""
-    q, _ = geometry._input(Q, "Q")
-    offsets, phi = geometry._query_terms(q.to(key_psi.dtype), True)
+    q = torch.as_tensor(Q, device=key_psi.device).to(key_psi.dtype)
+    offsets, phi = geometry.query_terms(q, True)
     D = distance_matrix(offsets, phi, key_psi, n_keys=key_psi.shape[0])
     scale = offsets.abs() + (offsets[:, None] - D).abs().amax(1)
     return D.cpu().numpy(), scale.cpu().numpy()
@@ -587,8 +598,7 @@ def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.nda
     k_idx = data.keys
     X = data.embeddings
     step = max(1, min(q_idx.size, int(memory_budget) // (8 * max(1, k_idx.size))))
-    k, _ = geometry._input(X[k_idx], "G")
-    key_psi = geometry._key_terms(k, True)
+    key_psi = geometry.key_terms(torch.as_tensor(X[k_idx], device=geometry.device), True)
     key_pos = {int(r): j for j, r in enumerate(k_idx)}
     out = {f: np.empty(q_idx.size) for f in factors}
     for start in range(0, q_idx.size, step):
@@ -620,12 +630,13 @@ def fit_score(name: str, anchors: AnchorSet | None, data: EvalData, factors: Seq
               model_params: Mapping | None, seed: int, prior: Any = None, clip_n: int | None = None):
     """Fit geometry ``name`` on ``anchors`` and :func:`score` it; None when there are too few anchors.
 
-    ``cosine`` needs no anchors. With ``prior`` (a fitted broad geometry) the fit is the
-    posterior update ``fit(anchors, prior=prior)`` (paper §4, App. D); ``clip_n`` is then
-    the anchor count the parameters are clipped to (:func:`build_geometry`).
+    A geometry that needs no anchors (``cosine``) is fitted on None. With ``prior`` (a fitted
+    broad geometry) the fit is the posterior update ``fit(anchors, prior=prior)`` (paper §4,
+    App. D); ``clip_n`` is then the anchor count the parameters are clipped to
+    (:func:`build_geometry`).
     """
-    if name == "cosine":
-        return score(build_geometry("cosine", tau, 0, data.dim), data, factors)
+    if not registry()[name].tags().needs_anchors:
+        return score(build_geometry(name, tau, 0, data.dim, model_params, seed).fit(None), data, factors)
     support = anchors.support()
     n = len(support)
     if prior is None and n < min_anchors(name):

@@ -328,8 +328,8 @@ def budget(data: EvalData, anchors: AnchorSet, factor: str, *, budgets: Sequence
     timer = Timer()
     seed = check_seed(seed)
     n_draws = positive_int(n_draws, "n_draws")
-    models = check_models(models, ANCHOR_MODELS, "anchor model")
-    baselines = check_models(baselines, BASELINES, "baseline")
+    models = check_models(models, {"anchor_model": True}, "anchor model")
+    baselines = check_models(baselines, {"anchor_model": False}, "baseline")
     if not models and not baselines:
         raise ValueError("models and baselines are both empty.")
     tau = resolve_tau(tau, data, models)
@@ -481,7 +481,7 @@ def adaptation(data: EvalData, broad: AnchorSet, target: AnchorSet, factor: str,
     timer = Timer()
     seed = check_seed(seed)
     n_draws = positive_int(n_draws, "n_draws")
-    models = check_models(models, POSTERIOR_MODELS, "posterior model")
+    models = check_models(models, {"accepts_prior": True}, "posterior model")
     references = check_models(references, ("softmax", "iti", "cosine"), "reference")
     if not models:
         raise ValueError("models is empty; give at least one of " + ", ".join(POSTERIOR_MODELS) + ".")
@@ -790,8 +790,8 @@ def table(data: EvalData, entries: Any, *, models: Sequence[str] = ("softmax",),
     seed = check_seed(seed)
     n_draws = positive_int(n_draws, "n_draws")
     data, ents = resolve_entries(entries, data, "entries")
-    models = check_models(models, ANCHOR_MODELS, "anchor model")
-    baselines = check_models(baselines, BASELINES, "baseline")
+    models = check_models(models, {"anchor_model": True}, "anchor model")
+    baselines = check_models(baselines, {"anchor_model": False}, "baseline")
     if not models or not baselines:
         raise ValueError("table needs at least one model and one baseline.")
     given = [tau] if tau is None or np.ndim(tau) == 0 else list(tau)

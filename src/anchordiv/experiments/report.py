@@ -272,15 +272,12 @@ def bullets(lines: Sequence[str]) -> str:
 
 
 # -------------------------------------------------------------------------- plots
-_COLORS = {
-    "softmax": "#1f77b4", "gaussian": "#ff7f0e", "gmm": "#2ca02c", "latent_gaussian": "#d62728",
-    "latent_spherical": "#9467bd", "cosine": "#7f7f7f", "iti": "#8c564b",
-}
-
-
 def color(name: str) -> str:
-    """The colour of a geometry in every plot."""
-    return _COLORS.get(name) or f"C{sum(map(ord, name)) % 10}"
+    """The colour of a geometry in every plot: its class's ``color``, else one derived from ``name``."""
+    from ..models import registry
+
+    cls = registry().get(name)
+    return getattr(cls, "color", None) or f"C{sum(map(ord, name)) % 10}"
 
 
 @dataclass

@@ -5,6 +5,20 @@ Backends: ``"exact"`` (torch, exhaustive), ``"faiss"`` (faiss-cpu: flat, HNSW, I
 backends re-rank a shortlist exactly, so every backend returns divergences in the units
 of ``model.search``.
 
+Backends of one's own
+---------------------
+A backend is a subclass of :class:`Backend` that states its capabilities in ``TAGS`` (a
+:class:`BackendTags`) and implements ``add``, ``delete``, ``search``, ``key_blocks``,
+``state`` and ``restore``; the other methods are hooks with working defaults. Make it
+known with :func:`register_backend` (in the process), or from an installed package with
+an entry point of the group ``anchordiv.backends``, which :class:`Index`,
+:func:`build_index` and ``anchordiv index build --backend NAME`` then find::
+
+    [project.entry-points."anchordiv.backends"]
+    numpy_flat = "my_package.backend:NumpyBackend"
+
+:func:`anchordiv.testing.check_backend` checks one against a float64 brute force.
+
 Pointing an index at a Milvus cluster
 -------------------------------------
 The same code serves an embedded milvus-lite file and a Milvus server or cluster; only
@@ -71,6 +85,9 @@ or machines share one gallery through a Milvus server.
 """
 
 from ._build import build_index
-from ._index import BACKENDS, Index
+from ._common import Backend, BackendTags
+from ._index import Index
+from ._registry import BACKENDS, ENTRY_POINT_GROUP, backend_choice, backend_class, backend_names, register_backend
 
-__all__ = ["Index", "BACKENDS", "build_index"]
+__all__ = ["Index", "BACKENDS", "build_index", "Backend", "BackendTags", "register_backend", "backend_class",
+           "backend_names", "backend_choice", "ENTRY_POINT_GROUP"]

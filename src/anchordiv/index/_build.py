@@ -7,10 +7,11 @@ computed in blocks of the memory budget; row ``r`` of the collection gets id ``r
 * In one process (no client), blocks are stored as they are made: the peak memory is
   what the backend stores plus one shard of embeddings and one block of features.
 * On a Dask cluster (``client=``, a :class:`distributed.Client`), the fitted model is
-  scattered to the workers once and each task computes one shard. Milvus: the workers
-  upsert their rows into the collection directly, so a retried task (a worker lost
-  mid-build) writes the same rows again instead of duplicating them. exact and faiss: the
-  driver gathers the shards' features in shard order and stores them.
+  scattered to the workers once and each task computes one shard. Backends tagged
+  ``workers_write`` (milvus) have the workers write their rows into the store directly
+  (Milvus: upserts, so a retried task writes the same rows again instead of duplicating
+  them); for the others (exact, faiss) the driver gathers the shards' features in shard
+  order and stores them.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ import torch
 
 from .._backend import positive_int
 from .._progress import progress_bar
-from ..exact import DEFAULT_MEMORY_BUDGET, block_shape
-from ..models.base import EuclideanModel, Geometry
+from ..exact import DEFAULT_MEMORY_BUDGET
+from ..models.base import Geometry
+from ._common import key_blocks
 from ._index import Index
-from ._layout import VectorLayout
 
 #: Rows of a shard cut from a single embedding file (or an in-memory array).
 DEFAULT_SHARD_ROWS = 1 << 16
@@ -107,44 +108,15 @@ def collection_shards(collection: Any, shard_rows: int | None = None) -> list[Sh
     return shards
 
 
-def _key_blocks(model: Geometry, symmetric: bool, x: np.ndarray, budget: int):
-    """Key features ψ of the rows of ``x``, in blocks whose features take a quarter of ``budget``."""
-    g, _ = model._input(x, "G")
-    width = int(model._key_terms(g[:1], symmetric).shape[1])
-    rows = block_shape(1, g.shape[0], width, g.element_size(), 1, budget)[1]
-    for start in range(0, g.shape[0], rows):
-        yield start, model._key_terms(g[start:start + rows], symmetric)
-
-
 def shard_features(model: Geometry, symmetric: bool, shard: Shard, budget: int) -> torch.Tensor:
-    """ψ of one shard as one CPU tensor (a Dask task of an exact or faiss build)."""
+    """ψ of one shard as one CPU tensor (a Dask task of a build whose driver stores the features)."""
     x = shard.read()
     out = None
-    for start, psi in _key_blocks(model, symmetric, x, budget):
+    for start, psi in key_blocks(model, symmetric, x, budget):
         if out is None:
             out = torch.empty(len(x), psi.shape[1], dtype=psi.dtype)
         out[start:start + psi.shape[0]] = psi.cpu()
     return out
-
-
-def shard_upsert(model: Geometry, symmetric: bool, shard: Shard, budget: int, params: dict, state: dict) -> int:
-    """Upsert one shard's rows into the Milvus collection (a Dask task of a milvus build); its row count."""
-    from ._milvus import EMBEDDING_FIELD, MilvusBackend
-
-    backend = MilvusBackend(params, isinstance(model, EuclideanModel), create=False)
-    try:
-        backend.layout, backend.created = VectorLayout.from_state(state["layout"]), True
-        backend.fields, backend.raw = state["fields"], state["raw"]
-        ids, x, metadata = shard.ids, shard.read(), shard.read_metadata()
-        for start, psi in _key_blocks(model, symmetric, x, budget):
-            block = slice(start, start + psi.shape[0])
-            backend.layout.check(psi)
-            extra = {EMBEDDING_FIELD: x[block].astype(np.float32),
-                     **({} if metadata is None else {str(c): metadata[c].iloc[block].tolist() for c in metadata.columns})}
-            backend._write(ids[block], backend.layout.keys(psi), upsert=True, extra=extra)
-    finally:
-        backend.close()
-    return len(shard)
 
 
 def build_index(model: Geometry, collection: Any, backend: str = "exact", *, symmetric: bool = True,
@@ -176,6 +148,7 @@ def build_index(model: Geometry, collection: Any, backend: str = "exact", *, sym
         and the same top-k.
     """
     index = Index(model, backend, symmetric=symmetric, **params)
+    store, tags = index._backend, index._backend.tags()
     shards = [s for s in collection_shards(collection, shard_rows) if len(s)]
     if not shards:
         raise ValueError("collection has no rows to index.")
@@ -187,25 +160,25 @@ def build_index(model: Geometry, collection: Any, backend: str = "exact", *, sym
     bar = progress_bar(total=len(shards), show=progress, desc="index shards", unit="shard")
     try:
         if client is None:
-            index._backend.reserve(total, width, g0.dtype, g0.device)
+            store.reserve(total, width, g0.dtype, g0.device)
             for shard in shards:
-                x, metadata = shard.read(), shard.read_metadata() if backend == "milvus" else None
-                for start, psi in _key_blocks(model, symmetric, x, budget):
+                x, metadata = shard.read(), shard.read_metadata() if tags.stores_metadata else None
+                for start, psi in key_blocks(model, symmetric, x, budget):
                     block = slice(start, start + psi.shape[0])
                     index._add_keys(psi, shard.ids[block], raw=x[block],
                                     metadata=None if metadata is None else metadata.iloc[block])
                 bar.update(1)
-        elif backend == "milvus":
-            _milvus_on_cluster(index, client, shards, g0, budget, bar)
+        elif tags.workers_write:
+            index._ids = store.build_on_cluster(model, symmetric, client, shards, g0, budget, bar)
         else:
-            index._backend.reserve(total, width, g0.dtype, g0.device)
+            store.reserve(total, width, g0.dtype, g0.device)
             model_f = client.scatter(model, broadcast=True)
             tag = uuid.uuid4().hex[:8]
             futures = [client.submit(shard_features, model_f, symmetric, s, budget, key=f"anchordiv-shard-{tag}-{i}")
                        for i, s in enumerate(shards)]
             for shard, future in zip(shards, futures):  # in shard order: positions are row numbers
                 # the shard's embeddings too, for backends that search candidates among them
-                raw = shard.read() if getattr(index._backend, "embedding_candidates", False) else None
+                raw = shard.read() if store.wants_key_embeddings else None
                 index._add_keys(future.result().to(g0.device), shard.ids, raw=raw)
                 future.release()
                 bar.update(1)
@@ -213,39 +186,3 @@ def build_index(model: Geometry, collection: Any, backend: str = "exact", *, sym
         bar.close()
     index._dim = int(g0.shape[1])
     return index
-
-
-def _milvus_on_cluster(index: Index, client: Any, shards: list[Shard], g0: torch.Tensor, budget: int, bar) -> None:
-    """The driver creates the collection with the model's fixed layout; the workers upsert the shards."""
-    from ._milvus import ids_digest
-
-    model, symmetric, backend = index._model, index._symmetric, index._backend
-    psi0 = model._key_terms(g0, symmetric)
-    layout = VectorLayout.for_keys(backend.euclidean, psi0, backend.params["norm_margin"], backend.norm_bound)
-    if not (layout.fixed or layout.euclidean):
-        raise ValueError(
-            "A Milvus build on a Dask cluster needs the geometry's fixed augmentation bound M, so that every "
-            "worker writes the same layout; this geometry (or symmetric=False) has none. Build without client=."
-        )
-    from ._milvus import scalar_fields
-
-    backend.layout = layout
-    metadata = shards[0].read_metadata()
-    backend._create(layout.vector_dim, layout.max_norm, int(g0.shape[1]),
-                    None if metadata is None else scalar_fields(metadata))
-    model_f = client.scatter(model, broadcast=True)
-    state = {"layout": layout.state(), "fields": backend.fields, "raw": backend.raw}
-    params, tag = dict(backend.params, overwrite=False), uuid.uuid4().hex[:8]
-    futures = [client.submit(shard_upsert, model_f, symmetric, s, budget, params, state,
-                             key=f"anchordiv-upsert-{tag}-{i}") for i, s in enumerate(shards)]
-    from distributed import as_completed
-
-    for future in as_completed(futures):
-        future.result()  # a task that failed for good raises here
-        bar.update(1)
-    ids = np.arange(shards[-1].offset + len(shards[-1]), dtype=np.int64)
-    backend._set_fingerprint({**backend.fingerprint, "ids": ids_digest(ids, backend.fingerprint["ids"])})
-    backend.client.flush(backend.params["collection_name"])
-    if backend.count() != len(ids):
-        raise RuntimeError(f"The Milvus collection holds {backend.count()} rows after the build, not {len(ids)}.")
-    index._ids = ids

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
 
 from .._backend import positive_int  # noqa: F401  (re-exported for the backends)
-from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, knn, smallest_k
+from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, block_shape, knn, smallest_k
 
 
 def margin_value(value: Any) -> float:
@@ -23,6 +24,33 @@ def margin_value(value: Any) -> float:
     return v
 
 
+@dataclass(frozen=True)
+class BackendTags:
+    """What a backend can do, read by :class:`~anchordiv.Index`, :func:`~anchordiv.index.build_index`
+    and the CLI instead of its class. Every tag defaults to False."""
+
+    #: Every search is exact (no shortlist): recall is 1 and every query is certified.
+    exact: bool = False
+    #: ``search(exclude=)`` skips the given positions itself; otherwise the index fetches k + e
+    #: results and drops the excluded ones.
+    accepts_exclude: bool = False
+    #: ``add(metadata=)`` stores the rows of a pandas DataFrame beside the vectors.
+    stores_metadata: bool = False
+    #: ``search(allow=)`` also takes a string: a filter expression the store evaluates.
+    expression_filters: bool = False
+    #: ``search(queries=)`` is given the query embeddings, not only their features.
+    wants_queries: bool = False
+    #: A search parameter is tuned after adds (:meth:`Backend.needs_tuning`,
+    #: :meth:`Backend.tuning_trials`, :meth:`Backend.tuned`).
+    tunable: bool = False
+    #: The vectors live in a server: the index file holds the connection, :meth:`Backend.bind`
+    #: names the model in the store, and ``Index.load(resync=True)`` applies (:meth:`Backend.resync`).
+    remote: bool = False
+    #: On a Dask cluster the workers write their shards into the store themselves
+    #: (:meth:`Backend.build_on_cluster`); otherwise the driver gathers the shards' features.
+    workers_write: bool = False
+
+
 class Backend:
     """Base class of the storage backends of :class:`anchordiv.Index`.
 
@@ -30,12 +58,17 @@ class Backend:
     answers top-k queries with positions; the owning :class:`~anchordiv.Index` maps
     positions to ids and handles validation and array kinds.
 
-    Subclasses declare ``DEFAULTS`` (every accepted parameter with its default),
-    ``CHECKS`` (parameter → validator) and ``RUNTIME`` (parameters that may be changed
-    when an index is loaded).
+    Subclasses set ``name``, declare ``TAGS`` (a :class:`BackendTags`), ``DEFAULTS`` (every
+    accepted parameter with its default), ``CHECKS`` (parameter → validator) and ``RUNTIME``
+    (parameters that may be changed when an index is loaded), and implement ``add``,
+    ``delete``, ``search``, ``key_blocks``, ``state`` and ``restore``. The other methods are
+    hooks with working defaults. Register a subclass with
+    :func:`anchordiv.index.register_backend` or an ``anchordiv.backends`` entry point, and check
+    it with :func:`anchordiv.testing.check_backend`.
     """
 
     name: ClassVar[str] = ""
+    TAGS: ClassVar[BackendTags] = BackendTags()
     DEFAULTS: ClassVar[dict] = {}
     CHECKS: ClassVar[dict[str, Callable[[Any], Any]]] = {}
     RUNTIME: ClassVar[frozenset] = frozenset()
@@ -53,24 +86,32 @@ class Backend:
         self.euclidean = euclidean
 
     @classmethod
+    def tags(cls) -> BackendTags:
+        """The capabilities of this backend (see :class:`BackendTags`)."""
+        return cls.TAGS
+
+    @classmethod
     def check_params(cls, params: dict) -> dict:
         unknown = sorted(set(params) - set(cls.DEFAULTS))
         if unknown:
             raise ValueError(
                 f"Unknown parameter(s) for backend {cls.name!r}: {', '.join(unknown)}; "
-                f"valid parameters are {', '.join(sorted(cls.DEFAULTS))}."
+                f"valid parameters are {', '.join(sorted(cls.DEFAULTS)) or 'none'}."
             )
         out = {**cls.DEFAULTS, **params}
         for key, check in cls.CHECKS.items():
             out[key] = check(out[key])
         return out
 
-    # ---------------------------------------------------------- to override
+    # ------------------------------------------------------------- required
     def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False,
-            raw: torch.Tensor | None = None) -> None:
-        """Store key features ``psi`` for ``ids`` (``stored_ids`` are those already stored); ``upsert``:
-        some ``ids`` were just dropped with ``delete(..., replaced=True)`` and are written again; ``raw``
-        are the keys' embeddings, for backends that search candidates among them."""
+            raw: torch.Tensor | None = None, metadata: Any = None) -> None:
+        """Store key features ``psi`` for ``ids`` (``stored_ids`` are those already stored).
+
+        ``upsert``: some ``ids`` were just dropped with ``delete(..., replaced=True)`` and are
+        written again. ``raw``: the keys' embeddings (a tensor), or None. ``metadata``: a
+        pandas DataFrame of these rows (only for backends tagged ``stores_metadata``), or None.
+        """
         raise NotImplementedError
 
     def delete(self, positions: np.ndarray, ids: np.ndarray, n: int, replaced: bool = False) -> None:
@@ -78,19 +119,18 @@ class Backend:
         ``replaced``: the same ids are added again next (an upsert)."""
         raise NotImplementedError
 
-    def reserve(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
-        """Announce that the next ``add`` calls bring ``rows`` features of ``width`` (an Index.add
-        streams one batch in blocks); backends that keep features in memory allocate them once."""
-
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
                positions_of: Callable[[np.ndarray], np.ndarray],
-               allow: np.ndarray | str | None = None, certify: bool = False) -> tuple:
+               allow: np.ndarray | str | None = None, certify: bool = False,
+               exclude: torch.Tensor | None = None, queries: torch.Tensor | None = None) -> tuple:
         """Top-k ``(distances, positions)`` among the ``n`` stored keys; position −1 is a miss.
 
-        ``positions_of`` maps ids to positions (for backends that store ids); ``allow`` restricts
-        the search to sorted positions (or, milvus, to the rows an expression selects). With
-        ``certify``, a third item: a bool array saying per query whether the result is
-        provably the exact top-k.
+        ``positions_of`` maps ids to positions (for backends that store ids). ``allow``
+        restricts the search to sorted positions (what :meth:`allow_ids` made of an id
+        allow-list), or is a filter expression (``expression_filters``). With ``certify``, a
+        third item: a bool array saying per query whether the result is provably the exact
+        top-k. ``exclude`` (``accepts_exclude``): (n_q, e) positions each query skips (−1:
+        none). ``queries`` (``wants_queries``): the query embeddings.
         """
         raise NotImplementedError
 
@@ -104,6 +144,65 @@ class Backend:
 
     @classmethod
     def restore(cls, params: dict, euclidean: bool, state: dict, n: int, source: str) -> "Backend":
+        """The backend saved by :meth:`state` (``n`` keys) from the file ``source``; a ``ValueError``
+        naming ``source`` when ``state`` is malformed."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- hooks
+    @classmethod
+    def configure(cls, params: dict, model: Any) -> dict:
+        """The parameters of a new index of ``model`` (defaults that depend on the geometry)."""
+        return params
+
+    @classmethod
+    def file_params(cls, path: str) -> dict:
+        """Parameters a command-line build saved at ``path`` adds when they are not given."""
+        return {}
+
+    @classmethod
+    def check_load_params(cls, saved: dict, params: dict, source: str) -> None:
+        """Refuse run-time ``params`` given to ``Index.load`` of ``source`` (saved with ``saved``)."""
+
+    @classmethod
+    def resync(cls, params: dict, model: Any, symmetric: bool, state: dict, ids: np.ndarray,
+               source: str) -> tuple[np.ndarray, dict]:
+        """The ids and state of a saved index, rebuilt from its store (``remote`` backends)."""
+        raise NotImplementedError
+
+    def bind(self, model: Any, symmetric: bool) -> None:
+        """The model and ``symmetric`` flag of the owning index."""
+
+    @property
+    def wants_key_embeddings(self) -> bool:
+        """Whether ``add`` needs ``raw`` (the keys' embeddings) in this configuration."""
+        return False
+
+    def allow_ids(self, positions: np.ndarray, ids: np.ndarray) -> np.ndarray | str:
+        """What ``search(allow=)`` gets for an id allow-list: the sorted ``positions`` of the
+        allowed ``ids``."""
+        return positions
+
+    def reserve(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Announce that the next ``add`` calls bring ``rows`` features of ``width`` (an Index.add
+        streams one batch in blocks); backends that keep features in memory allocate them once."""
+
+    def needs_tuning(self, n: int) -> bool:
+        """Whether a search parameter should be tuned now that ``n`` keys are stored (``tunable``)."""
+        return False
+
+    def tuning_trials(self):
+        """Apply each trial setting in turn, yielding after each; the owning index stops at the first
+        whose recall is high enough (``tunable``)."""
+        return iter(())
+
+    def tuned(self, n: int) -> None:
+        """The tuning with ``n`` keys stored is over (``tunable``)."""
+
+    def build_on_cluster(self, model: Any, symmetric: bool, client: Any, shards: list, first: torch.Tensor,
+                         budget: int, progress: Any) -> np.ndarray:
+        """Store the ``shards`` of a collection from the workers of the Dask ``client`` (``workers_write``);
+        the ids stored (the row numbers). ``first``: the first row as a tensor; ``progress``: a bar
+        to update once per shard."""
         raise NotImplementedError
 
     def to(self, device: torch.device) -> None:
@@ -116,6 +215,7 @@ class Backend:
         """Make the stored vectors durable before the index file is written."""
 
     def saved_params(self) -> dict:
+        """The parameters written to the index file (all but ``SECRET``)."""
         return {k: v for k, v in self.params.items() if k not in self.SECRET}
 
 
@@ -159,6 +259,16 @@ def restricted_knn(offsets: torch.Tensor, phi: torch.Tensor, blocks, k: int, n: 
     if allow is not None:
         p = torch.from_numpy(allow).to(p.device)[p]
     return d, p
+
+
+def key_blocks(model: Any, symmetric: bool, x: Any, budget: int):
+    """``(start, ψ)`` of the rows of ``x`` from row ``start``, in blocks whose features take a quarter of
+    ``budget``."""
+    g, _ = model._input(x, "G")
+    width = int(model._key_terms(g[:1], symmetric).shape[1])
+    rows = block_shape(1, g.shape[0], width, g.element_size(), 1, budget)[1]
+    for start in range(0, g.shape[0], rows):
+        yield start, model._key_terms(g[start:start + rows], symmetric)
 
 
 def shortlist_size(shortlist: int | None, k: int, n: int) -> int:
@@ -227,6 +337,6 @@ def warn_missing(positions: torch.Tensor, backend: str, hint: str) -> None:
         )
 
 
-__all__ = ["Backend", "DEFAULT_MEMORY_BUDGET", "positive_int", "margin_value", "shortlist_size", "id_array",
-           "allowed_blocks", "restricted_knn",
+__all__ = ["Backend", "BackendTags", "DEFAULT_MEMORY_BUDGET", "positive_int", "margin_value", "shortlist_size", "id_array",
+           "allowed_blocks", "restricted_knn", "key_blocks",
            "query_blocks", "rerank", "best_candidates", "warn_missing"]

@@ -7,8 +7,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ._common import DEFAULT_MEMORY_BUDGET, Backend, allowed_blocks, positive_int, restricted_knn
-
+from ._common import DEFAULT_MEMORY_BUDGET, Backend, BackendTags, allowed_blocks, positive_int, restricted_knn
 
 
 class ExactBackend(Backend):
@@ -26,6 +25,7 @@ class ExactBackend(Backend):
     """
 
     name = "exact"
+    TAGS = BackendTags(exact=True, accepts_exclude=True)
     DEFAULTS = {"memory_budget": DEFAULT_MEMORY_BUDGET}
     CHECKS = {"memory_budget": lambda v: positive_int(v, "memory_budget")}
     RUNTIME = frozenset({"memory_budget"})
@@ -44,7 +44,7 @@ class ExactBackend(Backend):
         self._batch = (torch.empty(rows, width, dtype=dtype, device=device), 0)
 
     def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False,
-            raw: torch.Tensor | None = None) -> None:
+            raw: torch.Tensor | None = None, metadata: None = None) -> None:
         if self.dtype is None:
             self.dtype = psi.dtype
         elif torch.promote_types(psi.dtype, self.dtype) != self.dtype:  # features that need float64
@@ -69,9 +69,9 @@ class ExactBackend(Backend):
         self.blocks = [b for b in allowed_blocks(self.blocks, keep)]
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
-               positions_of: Callable[[np.ndarray], np.ndarray],
-               exclude: torch.Tensor | None = None, allow: np.ndarray | None = None,
-               certify: bool = False) -> tuple:
+               positions_of: Callable[[np.ndarray], np.ndarray], allow: np.ndarray | None = None,
+               certify: bool = False, exclude: torch.Tensor | None = None,
+               queries: torch.Tensor | None = None) -> tuple:
         """Exact top-k positions; ``exclude`` (n_q, e) holds positions each query must skip, ``allow``
         the sorted positions a search is restricted to (a scan of those rows only). With
         ``certify``, every query is certified."""

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from .._util import require
 from ..exact import largest_k
-from ._common import (DEFAULT_MEMORY_BUDGET, Backend, best_candidates, margin_value, positive_int, query_blocks, rerank,
+from ..models.base import AnchorModel, EuclideanModel
+from ._common import (DEFAULT_MEMORY_BUDGET, Backend, BackendTags, best_candidates, margin_value, positive_int, query_blocks, rerank,
                       shortlist_size, warn_missing)
 from . import _certify
 from ._layout import VectorLayout
@@ -24,6 +25,8 @@ CANDIDATE_SPACES = ("auto", "features", "embedding", "routed")
 TRAIN_PER_LIST = 64
 #: nprobe of an IVF index with nprobe="auto" before it is tuned.
 UNTUNED_NPROBE = 16
+#: nprobe="auto": the values tried in turn (capped at nlist) until the sampled recall is reached.
+NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 def import_faiss():
@@ -103,6 +106,7 @@ class FaissBackend(Backend):
     """
 
     name = "faiss"
+    TAGS = BackendTags(wants_queries=True, tunable=True)
     DEFAULTS = {"index_type": "flat", "M": 32, "ef_construction": 200, "ef_search": 128, "nlist": None,
                 "nprobe": "auto", "shortlist": None, "candidates": "auto", "norm_margin": 1.25,
                 "memory_budget": DEFAULT_MEMORY_BUDGET}
@@ -141,6 +145,21 @@ class FaissBackend(Backend):
             raise ValueError(f"candidates='routed' needs index_type='ivf', got {self.params['index_type']!r}; "
                              "use candidates='features' or 'embedding' for flat and hnsw indexes.")
 
+    @classmethod
+    def configure(cls, params: dict, model: Any) -> dict:
+        """``candidates="auto"``: ``"routed"`` for IVF indexes of anchor models without a Euclidean
+        embedding (their lists come from the embeddings), else ``"features"``."""
+        if params.get("candidates", "auto") != "auto":
+            return params
+        ivf = str(params.get("index_type", "flat")).lower() == "ivf"
+        routed = ivf and isinstance(model, AnchorModel) and not isinstance(model, EuclideanModel)
+        return {**params, "candidates": "routed" if routed else "features"}
+
+    @property
+    def wants_key_embeddings(self) -> bool:
+        """Embedding and routed candidates need the keys' embeddings."""
+        return self.embedding_candidates or self.routed
+
     @property
     def embedding_candidates(self) -> bool:
         """Whether candidates come from the embeddings (ψ kept beside the faiss index)."""
@@ -157,6 +176,17 @@ class FaissBackend(Backend):
         the collection grew by half since the last)."""
         return (self.params["index_type"] == "ivf" and self.params["nprobe"] == "auto" and self.index is not None
                 and (self.tuned_nprobe is None or n >= 1.5 * self.tuned_at))
+
+    def tuning_trials(self):
+        """``nprobe="auto"``: each value of ``NPROBE_LADDER`` in turn, capped at ``nlist``."""
+        for nprobe in NPROBE_LADDER:
+            self.tuned_nprobe = min(nprobe, self.nlist)
+            yield
+            if nprobe >= self.nlist:
+                return
+
+    def tuned(self, n: int) -> None:
+        self.tuned_at = n
 
     @property
     def routed(self) -> bool:
@@ -302,7 +332,7 @@ class FaissBackend(Backend):
         flat.codes.resize(used)
 
     def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False,
-            raw: torch.Tensor | None = None) -> None:
+            raw: torch.Tensor | None = None, metadata: None = None) -> None:
         self._bounds = None
         if (self.embedding_candidates or self.routed) and raw is None:
             raise ValueError(f"candidates={self.params['candidates']!r} needs the embeddings of the keys "
@@ -418,7 +448,7 @@ class FaissBackend(Backend):
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
                positions_of: Callable[[np.ndarray], np.ndarray], allow: np.ndarray | None = None,
-               certify: bool = False, queries: torch.Tensor | None = None):
+               certify: bool = False, exclude: None = None, queries: torch.Tensor | None = None):
         """Shortlist from faiss (restricted by an ``IDSelectorBatch`` to the ``allow`` positions), re-ranked
         exactly; an allow-list no longer than the shortlist is itself the shortlist (an exact answer).
         With ``certify`` also, per query, whether the result is provably the exact top-k

@@ -10,25 +10,18 @@ import numpy as np
 import torch
 
 from .._backend import concat, positive_int
-from ..models.base import AnchorModel, EuclideanModel, Geometry
+from ..models.base import EuclideanModel, Geometry
 from ._common import Backend, id_array, restricted_knn
-from ._exact import ExactBackend
-from ._faiss import FaissBackend
-from ._milvus import ID_FIELD, MilvusBackend
+from ._registry import BACKENDS, backend_class, backend_names
 from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, block_shape, smallest_k
 from ._storage import (FORMAT, VERSION, atomic_save, fingerprint, geometry_from_dict, geometry_to_dict, read_payload,
                        seal)
 
-#: Backends by name.
-BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (ExactBackend, FaissBackend, MilvusBackend)}
-
-
 #: Relative tolerance under which :meth:`Index.recall` treats two divergences as tied.
 TIE_RTOL = 1e-6
-#: faiss IVF ``nprobe="auto"``: the recall@10 it is tuned to reach, on this many keys of the batch added,
-#: trying these values in turn.
+#: Tuning of ``tunable`` backends (faiss IVF ``nprobe="auto"``): the recall@10 a trial setting must
+#: reach, on this many keys of the batch added as queries.
 AUTO_RECALL, AUTO_SAMPLE = 0.995, 500
-NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 class Index:
@@ -43,12 +36,13 @@ class Index:
     ----------
     model : Geometry
         A fitted anchor model or baseline (``model.fit`` has been called).
-    backend : {"exact", "faiss", "milvus"}
-        ``"exact"`` (default) keeps ψ in torch and searches exhaustively, memory-bounded,
-        exactly as :func:`anchordiv.exact.search`. ``"faiss"`` keeps a faiss-cpu index
-        (``pip install faiss-cpu``). ``"milvus"`` keeps the vectors in a Milvus
-        collection: an embedded milvus-lite file or a server/cluster
-        (``pip install pymilvus milvus-lite``).
+    backend : str
+        A name of :data:`anchordiv.index.BACKENDS`. ``"exact"`` (default) keeps ψ in torch
+        and searches exhaustively, memory-bounded, exactly as :func:`anchordiv.exact.search`.
+        ``"faiss"`` keeps a faiss-cpu index (``pip install faiss-cpu``). ``"milvus"`` keeps
+        the vectors in a Milvus collection: an embedded milvus-lite file or a server/cluster
+        (``pip install pymilvus milvus-lite``). Backends of one's own:
+        :func:`anchordiv.index.register_backend` or an ``anchordiv.backends`` entry point.
     symmetric : bool
         Rank by ½[d(q‖g) + d(g‖q)] (default) or, when False, by d(q‖g).
     **params
@@ -100,15 +94,8 @@ class Index:
         if not isinstance(model, Geometry):
             raise TypeError(f"model must be an anchordiv geometry (e.g. ad.Softmax(...).fit(anchors)), got {type(model).__name__}.")
         model._check_fitted()
-        if not isinstance(backend, str) or backend not in BACKENDS:
-            raise ValueError(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.")
-        euclidean = isinstance(model, EuclideanModel)
-        if backend == "faiss" and params.get("candidates", "auto") == "auto":
-            # IVF lists of anchor models without a Euclidean embedding: lists from the embeddings
-            ivf = str(params.get("index_type", "flat")).lower() == "ivf"
-            routed = ivf and isinstance(model, AnchorModel) and not euclidean
-            params = {**params, "candidates": "routed" if routed else "features"}
-        self._setup(model, bool(symmetric), BACKENDS[backend](params, euclidean))
+        cls = backend_class(backend)
+        self._setup(model, bool(symmetric), cls(cls.configure(params, model), isinstance(model, EuclideanModel)))
 
     def _setup(self, model: Geometry, symmetric: bool, backend: Backend, ids: np.ndarray | None = None,
                dim: int | None = None) -> None:
@@ -123,8 +110,7 @@ class Index:
         self._lookup: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (sorted ids, their order, ids)
         self._id_table: tuple[np.ndarray, np.ndarray] | None = None  # (ids followed by −1, ids)
         self._width: int | None = None  # width of φ and ψ (they pair up in one inner product)
-        if isinstance(backend, MilvusBackend):
-            backend.bind(model, symmetric)  # named in the fingerprint of the collection it creates
+        backend.bind(model, symmetric)
 
     # -------------------------------------------------------------- properties
     @property
@@ -134,7 +120,7 @@ class Index:
 
     @property
     def backend(self) -> str:
-        """Backend name: ``"exact"``, ``"faiss"`` or ``"milvus"``."""
+        """Backend name: ``"exact"``, ``"faiss"``, ``"milvus"`` or a registered one."""
         return self._backend.name
 
     @property
@@ -229,9 +215,10 @@ class Index:
         ids : array-like (n,) of int, optional
             One unique id per row; default len(index), len(index) + 1, …
         metadata : pandas.DataFrame (n rows), optional
-            Milvus only: stored as scalar fields (bool, int, float or str columns) beside the
-            vectors, for ``search(filter=...)`` expressions and other tools. The first add
-            fixes the columns; later adds bring the same ones.
+            Backends tagged ``stores_metadata`` (milvus) only: stored as scalar fields (bool,
+            int, float or str columns) beside the vectors, for ``search(filter=...)``
+            expressions and other tools. The first add fixes the columns; later adds bring
+            the same ones.
 
         Returns
         -------
@@ -249,12 +236,14 @@ class Index:
         return self
 
     def _metadata(self, metadata: Any, n: int) -> Any:
-        """``metadata`` as a pandas DataFrame of ``n`` rows (milvus only), or None."""
+        """``metadata`` as a pandas DataFrame of ``n`` rows (backends tagged ``stores_metadata``), or None."""
         if metadata is None:
             return None
-        if not isinstance(self._backend, MilvusBackend):
-            raise ValueError(f"metadata is stored by the milvus backend only; the {self.backend!r} backend keeps "
-                             "vectors alone (keep the metadata table beside the index and filter by ids).")
+        if not self._backend.tags().stores_metadata:
+            keep = " or ".join(n for n in backend_names() if backend_class(n).tags().stores_metadata)
+            raise ValueError(f"metadata is stored by the {keep or 'metadata-storing'} backend only; the "
+                             f"{self.backend!r} backend keeps vectors alone (keep the metadata table beside the "
+                             "index and filter by ids).")
         import pandas as pd
 
         frame = metadata if isinstance(metadata, pd.DataFrame) else pd.DataFrame(metadata)
@@ -273,13 +262,13 @@ class Index:
             self._add_keys(self._model._key_terms(g[block], self._symmetric), new[block], upsert,
                            g[block], None if metadata is None else metadata.iloc[block])
         self._dim = int(g.shape[1])
-        if isinstance(self._backend, FaissBackend) and self._backend.needs_tuning(len(self)):
-            self._tune_nprobe(g, new)
+        if self._backend.needs_tuning(len(self)):
+            self._tune(g, new)
 
-    def _tune_nprobe(self, g: torch.Tensor, new: np.ndarray) -> None:
-        """``nprobe="auto"``: the smallest value of ``NPROBE_LADDER`` (at most nlist) whose recall@10 reaches
-        ``AUTO_RECALL`` on ``AUTO_SAMPLE`` keys of the batch ``g`` (ids ``new``) as queries, each
-        excluding itself."""
+    def _tune(self, g: torch.Tensor, new: np.ndarray) -> None:
+        """The first of the backend's trial settings (:meth:`Backend.tuning_trials`; faiss: the values of
+        ``NPROBE_LADDER`` up to nlist) whose recall@10 reaches ``AUTO_RECALL`` on ``AUTO_SAMPLE`` keys
+        of the batch ``g`` (ids ``new``) as queries, each excluding itself."""
         backend, n = self._backend, len(self)
         k = min(10, n - 1)
         if k < 1:
@@ -289,25 +278,20 @@ class Index:
         ex = self._excluded_positions(new[rows][:, None], len(rows), k, q.device)
         exact_d, exact_p = self._exact_positions(q, k, ex)
         threshold = self._tie_threshold(q, exact_d)
-        for nprobe in NPROBE_LADDER:
-            backend.tuned_nprobe = min(nprobe, backend.nlist)
+        for _ in backend.tuning_trials():
             with warnings.catch_warnings():  # a too-small trial value's short lists are no news to the caller
                 warnings.simplefilter("ignore", RuntimeWarning)
                 d, p = self._search_block(q, k, ex)[:2]
-            if self._found_share(d, p, exact_p, threshold) >= AUTO_RECALL or nprobe >= backend.nlist:
+            if self._found_share(d, p, exact_p, threshold) >= AUTO_RECALL:
                 break
-        backend.tuned_at = n
+        backend.tuned(n)
 
     def _add_keys(self, psi: torch.Tensor, new: np.ndarray, upsert: bool = False, raw: Any = None,
                   metadata: Any = None) -> None:
-        """Hand key features ``psi`` of ids ``new`` to the backend; milvus also stores the raw embeddings
-        ``raw`` and the ``metadata`` rows."""
-        if isinstance(self._backend, MilvusBackend):
-            extra = {"embedding": None if raw is None else np.asarray(torch.as_tensor(raw).detach().cpu(), np.float32),
-                     "metadata": metadata}
-            self._backend.add(psi, new, self._ids, upsert=upsert, extra=extra)
-        else:
-            self._backend.add(psi, new, self._ids, upsert=upsert, raw=None if raw is None else torch.as_tensor(raw))
+        """Hand key features ``psi`` of ids ``new`` to the backend, with their raw embeddings ``raw`` and
+        ``metadata`` rows (given only to backends that store metadata)."""
+        self._backend.add(psi, new, self._ids, upsert=upsert, raw=None if raw is None else torch.as_tensor(raw),
+                          metadata=metadata)
         self._ids = np.concatenate([self._ids, new])
 
     def upsert(self, G: Any, ids: Any, metadata: Any = None) -> "Index":
@@ -446,9 +430,10 @@ class Index:
         return self._width
 
     def _allowed(self, filter: Any, k: int) -> np.ndarray | str:
-        """Sorted stored positions of an id allow-list, or a Milvus expression (milvus only)."""
+        """What the backend searches among for an id allow-list (sorted stored positions, or its
+        :meth:`Backend.allow_ids`), or a filter expression (backends tagged ``expression_filters``)."""
         if isinstance(filter, str):
-            if not isinstance(self._backend, MilvusBackend):
+            if not self._backend.tags().expression_filters:
                 raise ValueError(
                     f"filter={filter!r} is a Milvus expression, which the {self.backend!r} backend cannot evaluate; "
                     "pass an array of allowed ids (or use backend='milvus')."
@@ -459,20 +444,19 @@ class Index:
         positions = np.unique(positions[found])
         if k > positions.size:
             raise ValueError(f"k={k} exceeds the {positions.size} stored ids that filter allows; pass a smaller k.")
-        if isinstance(self._backend, MilvusBackend):
-            return f"{ID_FIELD} in [{', '.join(str(int(i)) for i in self._ids[positions])}]"
-        return positions
+        return self._backend.allow_ids(positions, self._ids[positions])
 
     def _search_block(self, q: torch.Tensor, k: int, ex: torch.Tensor | None,
                       allow: np.ndarray | str | None = None, certify: bool = False) -> tuple:
         """(distances, positions) of one block of queries, and with ``certify`` the certificate."""
         offsets, phi = self._model._query_terms(q, self._symmetric)
+        tags = self._backend.tags()
         extra = {"certify": True} if certify else {}
-        if isinstance(self._backend, FaissBackend):
+        if tags.wants_queries:
             extra["queries"] = q
         if ex is None:
             return self._backend.search(offsets, phi, k, len(self), self._positions_of, allow=allow, **extra)
-        if isinstance(self._backend, ExactBackend):
+        if tags.accepts_exclude:
             return self._backend.search(offsets, phi, k, len(self), self._positions_of, exclude=ex, allow=allow,
                                         **extra)
         # an approximate index: fetch e more candidates, drop the excluded ones (an exact top-(k + e)
@@ -636,9 +620,10 @@ class Index:
             saved, ids, store, dim = payload["params"], payload["ids"], payload["store"], payload["dim"]
         except (KeyError, TypeError):
             raise ValueError(f"{source!r} is corrupt: required fields are missing.") from None
-        if backend_name not in BACKENDS:
-            raise ValueError(f"{source!r} uses backend {backend_name!r}, which this version of anchordiv lacks.")
-        backend_cls = BACKENDS[backend_name]
+        if not isinstance(backend_name, str) or backend_name not in BACKENDS:
+            raise ValueError(f"{source!r} uses backend {backend_name!r}, which is not registered here; install or "
+                             "register that backend (anchordiv.index.register_backend) before loading.")
+        backend_cls = backend_class(backend_name)
         bad = sorted(set(params) - backend_cls.RUNTIME)
         if bad:
             raise ValueError(
@@ -653,20 +638,18 @@ class Index:
                 f"{source!r} is corrupt: it lists the id(s) {uniq[counts > 1][:5].tolist()} more than once; "
                 "every id of an index is unique. Rebuild the index from its collection."
             )
-        if params.get("token") is not None and params.get("uri") is None:
-            raise ValueError(
-                f"{source!r} names the Milvus uri {saved.get('uri')!r}; a token is sent only to a uri you name. "
-                f"Pass uri= explicitly with token= (e.g. Index.load(path, uri={saved.get('uri')!r}, token=...))."
-            )
+        backend_cls.check_load_params(saved, params, source)
         if not isinstance(saved, dict) or not isinstance(store, dict):
             raise ValueError(f"{source!r} is corrupt: backend parameters or store are malformed.")
         dev = torch.device(device) if device is not None else torch.device("cpu")
         model = geometry_from_dict(payload["model"], dev, source)
         ids_np = ids.numpy().copy()
         if resync:
-            if backend_name != "milvus":
-                raise ValueError(f"resync=True applies to milvus indexes only; {source!r} is a {backend_name!r} index.")
-            ids_np, store = MilvusBackend.resync({**saved, **params}, model, symmetric, store, ids_np, source)
+            if not backend_cls.tags().remote:
+                remote = " or ".join(n for n in backend_names() if backend_class(n).tags().remote)
+                raise ValueError(f"resync=True applies to {remote or 'server-backed'} indexes only; {source!r} is a "
+                                 f"{backend_name!r} index.")
+            ids_np, store = backend_cls.resync({**saved, **params}, model, symmetric, store, ids_np, source)
         backend = backend_cls.restore({**saved, **params}, isinstance(model, EuclideanModel), store, len(ids_np), source)
         backend.to(dev)
         self = cls.__new__(cls)

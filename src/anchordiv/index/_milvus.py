@@ -18,8 +18,8 @@ import torch
 from .._util import require
 from ..models import registry
 from ..models.base import EuclideanModel
-from ._common import (DEFAULT_MEMORY_BUDGET, Backend, margin_value, positive_int, query_blocks, rerank,
-                      shortlist_size, warn_missing)
+from ._common import (DEFAULT_MEMORY_BUDGET, Backend, BackendTags, key_blocks, margin_value, positive_int,
+                      query_blocks, rerank, shortlist_size, warn_missing)
 from ._layout import VectorLayout
 
 INDEX_TYPES = ("FLAT", "HNSW", "IVF_FLAT", "AUTOINDEX")
@@ -276,6 +276,7 @@ class MilvusBackend(Backend):
     """
 
     name = "milvus"
+    TAGS = BackendTags(stores_metadata=True, expression_filters=True, remote=True, workers_write=True)
     DEFAULTS = {"uri": None, "token": None, "db_name": None, "collection_name": "anchordiv",
                 "index_type": "FLAT", "M": 32, "ef_construction": 200, "ef_search": 128, "nlist": 128,
                 "nprobe": 16, "shortlist": None, "norm_margin": 1.25, "overwrite": False,
@@ -333,6 +334,25 @@ class MilvusBackend(Backend):
     def bind(self, model: Any, symmetric: bool) -> None:
         """The model and ``symmetric`` flag of the owning index (named in the collection's fingerprint)."""
         self.model, self.symmetric = model, bool(symmetric)
+
+    @classmethod
+    def file_params(cls, path: str) -> dict:
+        """A milvus-lite file beside the index file: ``<path>.milvus.db``."""
+        return {"uri": os.fspath(path) + ".milvus.db"}
+
+    @classmethod
+    def check_load_params(cls, saved: dict, params: dict, source: str) -> None:
+        """A token goes only to a uri named in the same call, never to the uri a file names."""
+        if params.get("token") is not None and params.get("uri") is None:
+            uri = saved.get("uri") if isinstance(saved, dict) else None
+            raise ValueError(
+                f"{source!r} names the Milvus uri {uri!r}; a token is sent only to a uri you name. "
+                f"Pass uri= explicitly with token= (e.g. Index.load(path, uri={uri!r}, token=...))."
+            )
+
+    def allow_ids(self, positions: np.ndarray, ids: np.ndarray) -> str:
+        """An ``id in [...]`` expression of the allowed ``ids``."""
+        return f"{ID_FIELD} in [{', '.join(str(int(i)) for i in ids)}]"
 
     # --------------------------------------------------------- fingerprint
     def _new_fingerprint(self, dim: int, bound: float | None) -> dict:
@@ -503,9 +523,9 @@ class MilvusBackend(Backend):
         self._set_fingerprint({**self.fingerprint, "ids": ids_digest(ids, self.fingerprint["ids"], removed=True)})
 
     def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False,
-            extra: dict | None = None, raw: torch.Tensor | None = None) -> None:
-        """``extra``: ``{"embedding": raw rows (n, d), "metadata": a pandas DataFrame of n rows}`` of these ids,
-        stored as the raw ``embedding`` and the scalar fields (see :meth:`_create`)."""
+            raw: torch.Tensor | None = None, metadata: Any = None) -> None:
+        """``raw`` (the keys' embeddings) and ``metadata`` (a pandas DataFrame of these rows) are stored as
+        the ``embedding`` and the scalar fields (see :meth:`_create`)."""
         if self.created:
             self._check()
         layout = self.layout
@@ -527,7 +547,8 @@ class MilvusBackend(Backend):
                 self.client.upsert(self.params["collection_name"], rows)
             self.layout = layout
         vectors = layout.keys(psi)
-        raw, metadata = (extra or {}).get(EMBEDDING_FIELD), (extra or {}).get("metadata")
+        if raw is not None:
+            raw = np.asarray(torch.as_tensor(raw).detach().cpu(), np.float32)
         if not self.created:
             self._create(vectors.shape[1], layout.max_norm, None if raw is None else raw.shape[1],
                          None if metadata is None else scalar_fields(metadata))
@@ -551,6 +572,38 @@ class MilvusBackend(Backend):
                 pass
             raise
         self.layout = layout
+
+    def build_on_cluster(self, model: Any, symmetric: bool, client: Any, shards: list, first: torch.Tensor,
+                         budget: int, progress: Any) -> np.ndarray:
+        """The driver creates the collection with the model's fixed layout; the workers upsert the shards
+        (a retried task writes the same rows again)."""
+        psi0 = model._key_terms(first, symmetric)
+        layout = VectorLayout.for_keys(self.euclidean, psi0, self.params["norm_margin"], self.norm_bound)
+        if not (layout.fixed or layout.euclidean):
+            raise ValueError(
+                "A Milvus build on a Dask cluster needs the geometry's fixed augmentation bound M, so that every "
+                "worker writes the same layout; this geometry (or symmetric=False) has none. Build without client=."
+            )
+        self.layout = layout
+        metadata = shards[0].read_metadata()
+        self._create(layout.vector_dim, layout.max_norm, int(first.shape[1]),
+                     None if metadata is None else scalar_fields(metadata))
+        model_f = client.scatter(model, broadcast=True)
+        state = {"layout": layout.state(), "fields": self.fields, "raw": self.raw}
+        params, tag = dict(self.params, overwrite=False), uuid.uuid4().hex[:8]
+        futures = [client.submit(shard_upsert, model_f, symmetric, s, budget, params, state,
+                                 key=f"anchordiv-upsert-{tag}-{i}") for i, s in enumerate(shards)]
+        from distributed import as_completed
+
+        for future in as_completed(futures):
+            future.result()  # a task that failed for good raises here
+            progress.update(1)
+        ids = np.arange(shards[-1].offset + len(shards[-1]), dtype=np.int64)
+        self._set_fingerprint({**self.fingerprint, "ids": ids_digest(ids, self.fingerprint["ids"])})
+        self.client.flush(self.params["collection_name"])
+        if self.count() != len(ids):
+            raise RuntimeError(f"The Milvus collection holds {self.count()} rows after the build, not {len(ids)}.")
+        return ids
 
     # ------------------------------------------------------------ searching
     @property
@@ -582,7 +635,8 @@ class MilvusBackend(Backend):
 
     def search(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, n: int,
                positions_of: Callable[[np.ndarray], np.ndarray],
-               allow: str | None = None, certify: bool = False) -> tuple:
+               allow: str | None = None, certify: bool = False, exclude: None = None,
+               queries: None = None) -> tuple:
         """Shortlist from Milvus (among the rows the boolean expression ``allow`` selects), re-ranked
         exactly; ``certify`` certifies no query (the server reports no bound on the keys it left out)."""
         if k > MAX_LIMIT:
@@ -725,3 +779,21 @@ class MilvusBackend(Backend):
 
     def close(self) -> None:
         self.client.close()
+
+
+def shard_upsert(model: Any, symmetric: bool, shard: Any, budget: int, params: dict, state: dict) -> int:
+    """Upsert one shard's rows into the Milvus collection (a Dask task of a milvus build); its row count."""
+    backend = MilvusBackend(params, isinstance(model, EuclideanModel), create=False)
+    try:
+        backend.layout, backend.created = VectorLayout.from_state(state["layout"]), True
+        backend.fields, backend.raw = state["fields"], state["raw"]
+        ids, x, metadata = shard.ids, shard.read(), shard.read_metadata()
+        for start, psi in key_blocks(model, symmetric, x, budget):
+            block = slice(start, start + psi.shape[0])
+            backend.layout.check(psi)
+            extra = {EMBEDDING_FIELD: x[block].astype(np.float32),
+                     **({} if metadata is None else {str(c): metadata[c].iloc[block].tolist() for c in metadata.columns})}
+            backend._write(ids[block], backend.layout.keys(psi), upsert=True, extra=extra)
+    finally:
+        backend.close()
+    return len(shard)

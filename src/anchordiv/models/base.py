@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -29,6 +29,7 @@ from .._util import TAU_RANGE, check_tau  # noqa: F401  (re-exported: one τ ran
 from .._backend import Kind, all_finite, as_tensor, check_dim, concat, in_dtype, row_chunks
 from .._progress import progress_bar
 from ..anchors import AnchorSet
+from .params import Param
 
 #: Estimated floating-point work above which a progress bar is shown (≈ a few seconds).
 PROGRESS_FLOPS = 5e10
@@ -122,19 +123,27 @@ class Tags:
 class Geometry:
     """Base class of every geometry (anchor models and baselines). Lower means closer.
 
-    Subclasses provide ``_query_terms`` and ``_key_terms`` on tensors; this class turns
-    them into ``pairwise``, ``query_features``, ``key_features`` and ``query_offsets``,
-    which satisfy the feature-map contract
+    Subclasses implement the hooks ``_query_terms`` and ``_key_terms`` on checked tensors;
+    this class turns them into the public ``query_terms``, ``key_terms``, ``pairwise``,
+    ``query_features``, ``key_features`` and ``query_offsets``, which satisfy the
+    feature-map contract
 
     .. math::
 
         \\mathrm{pairwise}(Q, G)_{ij} = o(q_i) - \\phi(q_i)^\\top \\psi(g_j),
 
-    with ``o = query_offsets``, ``φ = query_features`` and ``ψ = key_features``.
+    with ``(o, φ) = query_terms(Q)`` and ``ψ = key_terms(G)``.
+
+    A class declares its constructor parameters in ``PARAMS`` (:class:`Param`; the
+    temperature excepted), which the command line, the service and the experiments read.
     """
 
     #: Rows processed per chunk when computing per-vector statistics.
     batch_size: int = 4096
+    #: The constructor's parameters (the temperature excepted), read by generic code.
+    PARAMS: ClassVar[tuple[Param, ...]] = ()
+    #: The colour of this geometry in the experiments' plots (None: one derived from its name).
+    color: ClassVar[str | None] = None
 
     @classmethod
     def tags(cls) -> Tags:
@@ -143,9 +152,11 @@ class Geometry:
 
     # ------------------------------------------------------------ subclass API
     def _query_terms(self, Q: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hook: (o(q), φ(q)) of checked compute tensor rows ``Q`` (see :meth:`query_terms`)."""
         raise NotImplementedError
 
     def _key_terms(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
+        """Hook: ψ(g) of checked compute tensor rows ``G`` (see :meth:`key_terms`)."""
         raise NotImplementedError
 
     def _divergence(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
@@ -190,6 +201,27 @@ class Geometry:
         return progress_bar(chunks, show=show, desc=desc)
 
     # ------------------------------------------------------------ public API
+    def check_input(self, X: Any, name: str = "X") -> tuple[torch.Tensor, Kind]:
+        """``X`` as a checked compute tensor on the model's device (2-D, finite, of the fitted
+        dimension) and the :class:`~anchordiv._backend.Kind` that hands results back as given."""
+        return self._input(X, name)
+
+    def query_terms(self, Q: Any, symmetric: bool = True) -> tuple[Any, Any]:
+        """(o(q), φ(q)) in one pass over the statistics, such that
+        d(q, g) = o(q) − φ(q)ᵀψ(g) with ψ = :meth:`key_terms`.
+
+        Numpy in, numpy out; torch in, torch out (same device). Use it instead of
+        :meth:`query_offsets` and :meth:`query_features` when both are needed.
+        """
+        t, kind = self._input(Q, "Q")
+        offsets, phi = self._query_terms(t, symmetric)
+        return kind.out(offsets), kind.out(phi)
+
+    def key_terms(self, G: Any, symmetric: bool = True) -> Any:
+        """ψ(g), the key feature map: d(q, g) = o(q) − φ(q)ᵀψ(g) (see :meth:`query_terms`)."""
+        t, kind = self._input(G, "G")
+        return kind.out(self._key_terms(t, symmetric))
+
     def query_features(self, Q: Any, symmetric: bool = True) -> Any:
         """Query feature map φ(q) of the inner-product form (see class docstring)."""
         t, kind = self._input(Q, "Q")

@@ -11,6 +11,7 @@ from .._backend import in_dtype
 from ..anchors import AnchorSet
 from ..linalg import symmetric_eigh, weighted_mean_cov
 from .base import EuclideanModel
+from .params import Param
 from .posterior import NormalInverseWishart, PosteriorMixin, niw_hyperparameters, niw_update, target_counts
 
 
@@ -77,6 +78,13 @@ class Gaussian(PosteriorMixin, EuclideanModel):
     """
 
     min_anchors = 2
+    PARAMS = (
+        Param("kappa0", "float", 5.0, "Posterior: κ0 > 0, prior strength on the mean.", low=0, low_open=True),
+        Param("nu0", "float", None, "Posterior: ν0 > d + 1, prior strength on the covariance (default d + 20).",
+              low=0, low_open=True),
+        Param("summary", "choice", "mean", "Posterior summary of Σ.", choices=("mean", "mode")),
+    )
+    color = "#ff7f0e"
 
     def __init__(self, *, tau: float | None = None, logit_scale: float | None = None, kappa0: float = 5.0,
                  nu0: float | None = None, summary: str = "mean"):

@@ -15,6 +15,7 @@ from ..anchors import AnchorSet
 from ..special import bessel_ratio, log_vmf_normalizer
 from ..linalg import row_norms, symmetric_eigh, unit_rows, weighted_mean_cov
 from .base import EuclideanModel
+from .params import Param
 from .posterior import MatrixBingham, PosteriorMixin, check_positive
 
 
@@ -56,6 +57,10 @@ class _LatentSubspace(PosteriorMixin, EuclideanModel):
 
     min_anchors = 2
     min_target_anchors = 2
+    #: k, or a variance fraction; n anchors have a covariance of rank at most n − 1.
+    RANK = Param("rank", "rank", 0.95, "Subspace dimension k, or the variance fraction in (0, 1] it explains.",
+                 at_most=lambda n_anchors, dim: min(n_anchors - 1, dim))
+    ALPHA = Param("alpha", "float", 50.0, "Posterior: α > 0, strength of the Bingham prior.", low=0, low_open=True)
     _min_target_reason = (
         "the Bingham update uses the target covariance, which a single anchor does not define."
     )
@@ -162,6 +167,11 @@ class LatentGaussian(_LatentSubspace):
         β of the update (adapted models only).
     """
 
+    PARAMS = (_LatentSubspace.RANK, _LatentSubspace.ALPHA,
+              Param("eps", "float", 1e-8, "Posterior: ε > 0, regularisation of the ambient surrogate.", low=0,
+                    low_open=True))
+    color = "#d62728"
+
     def __init__(self, *, rank: int | float = 0.95, tau: float | None = None, logit_scale: float | None = None,
                  alpha: float = 50.0, eps: float = 1e-8):
         super().__init__(tau=tau, logit_scale=logit_scale)
@@ -246,6 +256,10 @@ class LatentSpherical(_LatentSubspace):
 
     #: Factor c of the default β = c·α·n / tr Cov̂(Γ_target).
     default_beta_factor = 4.0
+
+    PARAMS = (_LatentSubspace.RANK, _LatentSubspace.ALPHA,
+              Param("beta", "float", None, "Posterior: β ≥ 0 of the update (default 4αn / tr Cov̂).", low=0))
+    color = "#9467bd"
 
     def __init__(self, *, rank: int | float = 0.95, tau: float | None = None, logit_scale: float | None = None,
                  alpha: float = 50.0, beta: float | None = None):

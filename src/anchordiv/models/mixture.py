@@ -9,6 +9,7 @@ import torch
 from .._backend import in_dtype, positive_int
 from ..anchors import AnchorSet
 from .base import AnchorModel
+from .params import Param
 from .posterior import (NormalInverseWishart, PosteriorMixin, check_positive, dirichlet_update, niw_hyperparameters,
                         niw_update, target_counts)
 
@@ -171,6 +172,20 @@ class GaussianMixture(PosteriorMixin, AnchorModel):
     """
 
     min_anchors = 2
+    PARAMS = (
+        Param("n_components", "int", 4, "Number of mixture components M (at most the number of anchors).",
+              low=1, at_most=lambda n_anchors, dim: n_anchors, request_max=64),
+        Param("seed", "int", 0, "Seed of the k-means++ initialisation.", low=0, high=2**31 - 1, seed=True),
+        Param("reg_covar", "float", 1e-5, "Added to the diagonal of every covariance.", low=0),
+        Param("tol", "float", 1e-3, "EM stops when the mean log-likelihood improves by less.", low=0, low_open=True),
+        Param("max_iter", "int", 200, "Most EM iterations.", low=1, request_max=1000),
+        Param("dirichlet_alpha", "float", 1.0, "Posterior: α > 0, the Dirichlet concentration.", low=0,
+              low_open=True),
+        Param("kappa0", "float", 5.0, "Posterior: κ0 > 0, shared by the components.", low=0, low_open=True),
+        Param("nu0", "float", None, "Posterior: ν0 > d + 1, shared by the components (default d + 20).", low=0,
+              low_open=True),
+    )
+    color = "#2ca02c"
     _prior_shared_params = ("n_components",)
     _posterior_attributes = ("prior_", "posterior_", "concentration_")
 

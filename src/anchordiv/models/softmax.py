@@ -11,6 +11,7 @@ from .._backend import concat, in_dtype
 from ..anchors import AnchorSet
 from ..linalg import row_norms
 from .base import AnchorModel, require_finite
+from .params import Param
 
 
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -67,6 +68,10 @@ class Softmax(AnchorModel):
     feature_scale_ : float
         a of the probability features (N ≤ d only).
     """
+
+    PARAMS = (Param("anchor_batch_size", "int", 1024, "Anchors processed per step of the running log-sum-exp.",
+                    low=1),)
+    color = "#1f77b4"
 
     def __init__(self, *, tau: float | None = None, logit_scale: float | None = None, anchor_batch_size: int = 1024):
         super().__init__(tau=tau, logit_scale=logit_scale)

@@ -17,7 +17,7 @@ from typing import Any
 from .cache import ByteLRU
 from .server import ConnectionLimits, ServerThread, free_port
 from .service import Context, ContextKey, Service
-from .validate import FieldError
+from .errors import FieldError
 
 
 def create_app(service: Service, **kwargs: Any) -> Any:

@@ -1,8 +1,9 @@
-"""The FastAPI app of ``anchordiv serve``: the JSON API, clip-retrieval's endpoints and the page.
+"""The FastAPI app of ``anchordiv serve``: the JSON API, clip-retrieval's endpoints, the page and the docs.
 
 Endpoints
 ---------
 ``GET /``                      the web page (static files shipped in the package)
+``GET /docs``                  the OpenAPI page (served from the package: no CDN); ``GET /openapi.json``
 ``GET /api/contexts``          anchor sets, geometries, the default context, context names, collection info
 ``POST /api/search``           neighbours of a query under a context (JSON, or multipart with ``image``)
 ``GET /api/items/{id}``        one item by id (the ``id`` column's value)
@@ -21,187 +22,240 @@ image, ``multipart/form-data``. Urls in answers are absolute, under the request'
 
 from __future__ import annotations
 
+import html
 from importlib import resources
-from typing import Any
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import validate as v
-from .server import is_loopback
+from . import middleware
+from .errors import FieldError, parse_json_object
+from .middleware import SECURITY_HEADERS
+from .schemas import (ERRORS, MAX_IMAGE_BYTES, MAX_TEXT, Contexts, Health, Item, KnnHit, KnnRequest, MetadataEntry,
+                      MetadataRequest, SearchRequest, SearchResponse, field_error, from_form)
 from .service import Service
-from .validate import FieldError
 
 #: Static files of the page, by URL name (nothing else is ever served from disk).
-STATIC = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
-#: Sent with every response.
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-                               "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Cross-Origin-Resource-Policy": "same-origin",
-}
-#: Host names accepted on a loopback bind besides loopback IP literals (a guard against DNS rebinding).
-LOOPBACK_HOSTS = ["localhost"]
-#: Methods that never change state nor start a costly computation here.
-SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+STATIC = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8",
+          "docs.js": "text/javascript; charset=utf-8"}
+#: Swagger UI's files served under ``/docs/`` when the ``fastapi-offline`` package is installed.
+SWAGGER = {"swagger-ui-bundle.js": "text/javascript; charset=utf-8", "swagger-ui.css": "text/css; charset=utf-8"}
+#: The docs page's policy: Swagger UI sets inline styles and shows data: images.
+DOCS_CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+            "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 
 
-class TooLarge(Exception):
-    """A request body over the limit, noticed while it streams in."""
-
-    def __init__(self, limit: int, field: str):
-        super().__init__(f"{field}: the request body is larger than {limit} bytes")
-        self.limit, self.field = limit, field
+def get_service(request: Request) -> Service:
+    """The service the app serves (a dependency of every endpoint)."""
+    return request.app.state.service
 
 
-async def _send_json(send: Any, status: int, payload: dict, close: bool = False) -> None:
-    headers = {**SECURITY_HEADERS, **({"Connection": "close"} if close else {})}
-    response = JSONResponse(payload, status_code=status, headers=headers)
-    await send({"type": "http.response.start", "status": status, "headers": response.raw_headers})
-    await send({"type": "http.response.body", "body": response.body})
+ServiceDep = Annotated[Service, Depends(get_service)]
 
 
-def _header(scope: dict, name: bytes) -> str:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return ""
-
-
-class SecurityHeaders:
-    """ASGI middleware: add :data:`SECURITY_HEADERS` to every response that does not set them."""
-
-    def __init__(self, app: Any):
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def with_headers(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                present = {k.lower() for k, _ in message.get("headers", [])}
-                extra = [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()
-                         if k.lower().encode() not in present]
-                message = {**message, "headers": [*message.get("headers", []), *extra]}
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
-
-
-def host_name(value: str) -> str:
-    """The host of a ``Host`` header without its port: ``[::1]:8000`` → ``::1``, ``127.0.0.2:80`` → ``127.0.0.2``."""
-    value = value.strip()
-    if value.startswith("["):
-        end = value.find("]")
-        return value[1:end] if end > 0 else ""
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
-
-
-class LoopbackHosts:
-    """ASGI middleware: accept only a ``Host`` that is ``localhost``, a loopback IP literal or the bound
-    address (a DNS-rebinding guard for a service bound to loopback)."""
-
-    def __init__(self, app: Any):
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] in ("http", "websocket"):
-            name = host_name(_header(scope, b"host")).lower()
-            bound = (scope.get("server") or ("",))[0]
-            if not (name in LOOPBACK_HOSTS or name == str(bound).lower() or (name and is_loopback(name))):
-                return await _send_json(send, 400, FieldError(
-                    "host", f"{v.show(name)} is not a loopback name; open the page as http://127.0.0.1:PORT/ or "
-                            "http://localhost:PORT/", 400).payload(), close=True)
-        await self.app(scope, receive, send)
-
-
-class CrossSite:
-    """ASGI middleware: refuse a state-changing or costly request (any method but GET, HEAD, OPTIONS)
-    that a browser sent from another origin.
-
-    A request passes when its ``Origin`` is the server's own or one of ``allowed`` (``--cors-origin``),
-    or when it has neither ``Origin`` nor a cross-site ``Sec-Fetch-Site`` (a non-browser client such as
-    clip-retrieval's ``ClipClient``).
-    """
-
-    def __init__(self, app: Any, allowed: list[str] | None = None):
-        self.app, self.allowed = app, {o.rstrip("/").lower() for o in allowed or ()}
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] not in SAFE_METHODS:
-            origin = _header(scope, b"origin").strip().rstrip("/").lower()
-            site = _header(scope, b"sec-fetch-site").strip().lower()
-            own = f"{scope.get('scheme', 'http')}://{_header(scope, b'host').strip()}".lower()
-            refused = None
-            if origin and origin != own and origin not in self.allowed:
-                refused = f"a page on {v.show(origin)} may not call this service"
-            elif not origin and site not in ("", "same-origin", "none"):
-                refused = f"a {site} page may not call this service"
-            if refused:
-                return await _send_json(send, 403, FieldError(
-                    "origin", f"{refused}; start it with --cors-origin ORIGIN to allow a page on another origin",
-                    403).payload(), close=True)
-        await self.app(scope, receive, send)
-
-
-class BodyLimit:
-    """ASGI middleware: refuse bodies over the limit (10 MB + form overhead for uploads, 1 MB else),
-    declared or streamed (chunked); the 413 closes the connection."""
-
-    def __init__(self, app: Any, max_json: int = v.MAX_JSON_BYTES, max_upload: int = v.MAX_IMAGE_BYTES + (64 << 10)):
-        self.app, self.max_json, self.max_upload = app, max_json, max_upload
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        upload = _header(scope, b"content-type").lower().startswith("multipart/form-data")
-        limit, field = (self.max_upload, "image") if upload else (self.max_json, "body")
-        too_large = FieldError(field, f"the request body is larger than {limit} bytes", 413).payload()
-        length = _header(scope, b"content-length").strip()
-        if length and (not length.isdigit() or int(length) > limit):
-            return await _send_json(send, 413, too_large, close=True)
-        seen, started = 0, False
-
-        async def limited() -> dict:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise TooLarge(limit, field)
-            return message
-
-        async def watched(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, limited, watched)
-        except TooLarge:
-            if started:
-                raise
-            await _send_json(send, 413, too_large, close=True)
-
-
-def _base(request: Request) -> str:
+def base_url(request: Request) -> str:
     """The request's base url without the trailing slash, e.g. ``http://127.0.0.1:8000``."""
     return str(request.base_url).rstrip("/")
 
 
-def _error(exc: FieldError) -> JSONResponse:
-    return JSONResponse(exc.payload(), status_code=exc.status)
+BaseUrl = Annotated[str, Depends(base_url)]
+
+
+async def json_object(request: Request) -> dict:
+    """The request's body as a JSON object (400 when it is not one)."""
+    return parse_json_object(await request.body())
+
+
+async def search_input(request: Request, service: ServiceDep) -> tuple[SearchRequest, bytes | None]:
+    """A validated :class:`SearchRequest` from JSON or a multipart form, and the uploaded image if any."""
+    ctype = request.headers.get("content-type", "").lower()
+    image = None
+    if ctype.startswith("multipart/form-data"):
+        form = await request.form(max_files=1, max_fields=32)
+        fields: dict[str, str] = {}
+        for key, value in form.multi_items():
+            if key == "image" and hasattr(value, "read"):
+                image = await value.read(MAX_IMAGE_BYTES + 1)
+                if len(image) > MAX_IMAGE_BYTES:
+                    raise FieldError("image", f"is larger than {MAX_IMAGE_BYTES} bytes", 413)
+            elif isinstance(value, str) and key != "image":
+                fields[key] = value
+            else:
+                raise FieldError(key, "must be a plain form field" if key != "image" else "must be an uploaded file")
+        await form.close()
+        data = from_form(fields)
+    elif ctype.startswith("application/json"):
+        data = await json_object(request)
+        if "image" in data:
+            raise FieldError("image", "upload images as multipart/form-data")
+    else:
+        raise FieldError("body", "send JSON with Content-Type: application/json (or multipart/form-data "
+                                 "to upload an image)", 415)
+    return service.request(SearchRequest, data, image=image is not None), image
+
+
+def body_of(*models: type, form: bool = False) -> dict:
+    """``openapi_extra`` describing a request body read by a dependency (JSON, and a form for uploads)."""
+    content = {"application/json": {"schema": models[0].model_json_schema()}}
+    if form:
+        schema = models[0].model_json_schema()
+        schema["properties"] = {**schema["properties"], "image": {"type": "string", "format": "binary",
+                                                                  "description": "An image file (image encoders)."}}
+        content["multipart/form-data"] = {"schema": schema}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+# ------------------------------------------------------------------------------ native API
+api = APIRouter(prefix="/api", tags=["search"], responses=ERRORS)
+
+
+@api.get("/contexts", response_model=Contexts)
+def contexts(service: ServiceDep) -> dict:
+    """Anchor sets, geometries and their parameters, the default context, context names, limits."""
+    return service.info()
+
+
+@api.get("/health", response_model=Health)
+def health(service: ServiceDep) -> dict:
+    """The service is up; statistics of the context cache."""
+    return {"status": "ok", "cache": service.contexts.stats()}
+
+
+@api.post("/search", response_model=SearchResponse, response_model_exclude_unset=True,
+          openapi_extra=body_of(SearchRequest, form=True))
+async def search(service: ServiceDep, base: BaseUrl,
+                 given: Annotated[tuple, Depends(search_input)]) -> dict:
+    """Neighbours of one query under one context."""
+    return await run_in_threadpool(service.search, given[0], given[1], base)
+
+
+def item_row(id: str, service: ServiceDep) -> int:
+    """The row of the item ``id`` (a path parameter)."""
+    if len(id) > MAX_TEXT:
+        raise FieldError("id", f"is longer than {MAX_TEXT} characters", 404)
+    return service.find_row(id, "id")
+
+
+@api.get("/items/{id:path}", response_model=Item)
+def item(row: Annotated[int, Depends(item_row)], service: ServiceDep, base: BaseUrl) -> dict:
+    """One item by id."""
+    return service.item(row, base)
+
+
+@api.get("/thumb/{id:path}", response_class=Response,
+         responses={200: {"content": {"image/jpeg": {}}, "description": "A JPEG thumbnail."}})
+def thumb(row: Annotated[int, Depends(item_row)], service: ServiceDep) -> Response:
+    """The JPEG thumbnail of an item's own image file."""
+    return Response(service.thumbnail(row), media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
+
+
+# ------------------------------------------------------------------------------ clip-retrieval
+clip = APIRouter(tags=["clip-retrieval"], responses=ERRORS)
+
+
+@clip.get("/indices-list", response_model=list[str])
+def indices_list(service: ServiceDep) -> list:
+    """Context names, the default first (clip-retrieval's index names)."""
+    return service.indices_list()
+
+
+@clip.post("/knn-service", response_model=list[KnnHit], openapi_extra=body_of(KnnRequest))
+async def knn_service(service: ServiceDep, base: BaseUrl, data: Annotated[dict, Depends(json_object)]) -> list:
+    """clip-retrieval's search: ``[{"id", "similarity", **metadata}]``."""
+    return await run_in_threadpool(service.knn_service, data, base)
+
+
+@clip.post("/metadata", response_model=list[MetadataEntry], openapi_extra=body_of(MetadataRequest))
+async def metadata(service: ServiceDep, base: BaseUrl, data: Annotated[dict, Depends(json_object)]) -> list:
+    """clip-retrieval's metadata of items by id."""
+    return await run_in_threadpool(service.metadata, data, base)
+
+
+# ------------------------------------------------------------------------------ page and docs
+page = APIRouter(include_in_schema=False)
 
 
 def _static(name: str) -> bytes:
     return resources.files("anchordiv.serve").joinpath("static", name).read_bytes()
+
+
+def swagger_files() -> dict[str, bytes]:
+    """Swagger UI's files from the ``fastapi-offline`` package, or nothing when it is not installed."""
+    try:
+        import fastapi_offline
+    except ImportError:
+        return {}
+    from pathlib import Path
+
+    folder = Path(fastapi_offline.__file__).parent / "static"
+    return {name: (folder / name).read_bytes() for name in SWAGGER}
+
+
+def docs_page(title: str, swagger: bool) -> bytes:
+    """The ``/docs`` page: Swagger UI from ``/docs/``, else a plain rendering of ``/openapi.json``."""
+    assets = ('<link rel="stylesheet" href="/docs/swagger-ui.css">\n'
+              '<script src="/docs/swagger-ui-bundle.js"></script>\n') if swagger else \
+        '<link rel="stylesheet" href="/static/style.css">\n'
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n<title>{html.escape(title)} · API'
+            f'</title>\n<link rel="icon" href="data:,">\n{assets}'
+            '<script src="/static/docs.js" defer></script></head>\n'
+            '<body><div id="swagger-ui"></div><main id="openapi" hidden></main></body></html>\n').encode()
+
+
+@page.get("/")
+def index(request: Request) -> Response:
+    return Response(request.app.state.files["index.html"], media_type="text/html; charset=utf-8")
+
+
+@page.get("/static/{name}")
+def static(name: str, request: Request) -> Response:
+    if name not in STATIC:
+        raise FieldError("name", f"no static file {name!r}", 404)
+    return Response(request.app.state.files[name], media_type=STATIC[name], headers={"Cache-Control": "no-cache"})
+
+
+@page.get("/docs")
+def docs(request: Request) -> Response:
+    return Response(request.app.state.files["docs"], media_type="text/html; charset=utf-8",
+                    headers={"Content-Security-Policy": DOCS_CSP})
+
+
+@page.get("/docs/{name}")
+def docs_file(name: str, request: Request) -> Response:
+    files = request.app.state.files
+    if name not in SWAGGER or name not in files:
+        raise FieldError("name", f"no docs file {name!r}", 404)
+    return Response(files[name], media_type=SWAGGER[name], headers={"Cache-Control": "max-age=3600"})
+
+
+# ------------------------------------------------------------------------------ errors
+async def on_field_error(request: Request, exc: FieldError) -> JSONResponse:
+    return JSONResponse(exc.payload(), status_code=exc.status)
+
+
+async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    field = getattr(exc, "field", None) or ("body" if exc.status_code == 400 else None)
+    detail = str(exc.detail)
+    return JSONResponse({"error": f"{field}: {detail}" if field and not detail.startswith(f"{field}:") else detail,
+                         "field": field}, status_code=exc.status_code)
+
+
+async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return await on_field_error(request, field_error(list(exc.errors())))
+
+
+async def on_server_error(request: Request, exc: Exception) -> JSONResponse:
+    """The server closes the connection after an unexpected error: say so, so a keep-alive client reconnects."""
+    return JSONResponse({"error": f"internal error ({type(exc).__name__}); the request was not completed",
+                         "field": None}, status_code=500, headers={**SECURITY_HEADERS, "Connection": "close"})
+
+
+ERROR_HANDLERS = {FieldError: on_field_error, StarletteHTTPException: on_http_error,
+                  RequestValidationError: on_validation_error, Exception: on_server_error}
 
 
 def create_app(service: Service, *, loopback_only: bool = True, cors_origins: list[str] | None = None) -> FastAPI:
@@ -217,117 +271,15 @@ def create_app(service: Service, *, loopback_only: bool = True, cors_origins: li
         Origins allowed to call the API from a browser (e.g. a clip-retrieval front end
         served elsewhere); none by default.
     """
-    app = FastAPI(title="anchordiv", docs_url=None, redoc_url=None, openapi_url=None)
-    page = {name: _static(name) for name in ("index.html", *STATIC)}
-
-    app.add_middleware(BodyLimit)
-    app.add_middleware(CrossSite, allowed=list(cors_origins or ()))
-    if cors_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Content-Type"])
-    if loopback_only:
-        app.add_middleware(LoopbackHosts)
-    app.add_middleware(SecurityHeaders)
-
-    @app.exception_handler(FieldError)
-    async def field_error(request: Request, exc: FieldError) -> JSONResponse:
-        return _error(exc)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        field = getattr(exc, "field", None) or ("body" if exc.status_code == 400 else None)
-        detail = str(exc.detail)
-        return JSONResponse({"error": f"{field}: {detail}" if field and not detail.startswith(f"{field}:") else detail,
-                             "field": field}, status_code=exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception) -> JSONResponse:
-        # the server closes the connection after an unexpected error: say so, so a keep-alive client reconnects
-        return JSONResponse({"error": f"internal error ({type(exc).__name__}); the request was not completed",
-                             "field": None}, status_code=500, headers={**SECURITY_HEADERS, "Connection": "close"})
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = (exc.errors() or [{}])[0]
-        field = ".".join(str(x) for x in err.get("loc", ())[1:]) or None
-        return JSONResponse({"error": f"{field}: {err.get('msg', 'invalid')}", "field": field}, status_code=422)
-
-    async def _json(request: Request) -> dict:
-        return v.parse_json_object(await request.body())
-
-    # ------------------------------------------------------------------ page
-    @app.get("/", include_in_schema=False)
-    def index() -> Response:
-        return Response(page["index.html"], media_type="text/html; charset=utf-8")
-
-    @app.get("/static/{name}", include_in_schema=False)
-    def static(name: str) -> Response:
-        if name not in STATIC:
-            raise FieldError("name", f"no static file {name!r}", 404)
-        return Response(page[name], media_type=STATIC[name], headers={"Cache-Control": "no-cache"})
-
-    # ------------------------------------------------------------ native API
-    @app.get("/api/contexts")
-    def contexts() -> dict:
-        return service.info()
-
-    @app.get("/api/health")
-    def health() -> dict:
-        return {"status": "ok", "cache": service.contexts.stats()}
-
-    @app.post("/api/search")
-    async def search(request: Request) -> dict:
-        ctype = request.headers.get("content-type", "").lower()
-        if ctype.startswith("multipart/form-data"):
-            form = await request.form(max_files=1, max_fields=32)
-            data: dict[str, Any] = {}
-            image = None
-            for key, value in form.multi_items():
-                if key == "image" and hasattr(value, "read"):
-                    image = await value.read(v.MAX_IMAGE_BYTES + 1)
-                    if len(image) > v.MAX_IMAGE_BYTES:
-                        raise FieldError("image", f"is larger than {v.MAX_IMAGE_BYTES} bytes", 413)
-                elif isinstance(value, str):
-                    data[key] = value
-                else:
-                    raise FieldError(key, "must be a plain form field")
-            await form.close()
-            return await run_in_threadpool(service.search, data, image, True, _base(request))
-        if not ctype.startswith("application/json"):
-            raise FieldError("body", "send JSON with Content-Type: application/json (or multipart/form-data "
-                                     "to upload an image)", 415)
-        data = await _json(request)
-        if "image" in data:
-            raise FieldError("image", "upload images as multipart/form-data")
-        return await run_in_threadpool(service.search, data, None, False, _base(request))
-
-    def _row(id: str) -> int:
-        if len(id) > v.MAX_TEXT:
-            raise FieldError("id", f"is longer than {v.MAX_TEXT} characters", 404)
-        return service.find_row(id, "id")
-
-    @app.get("/api/items/{id:path}")
-    def item(id: str, request: Request) -> dict:
-        return service.item(_row(id), _base(request))
-
-    @app.get("/api/thumb/{id:path}")
-    def thumb(id: str) -> Response:
-        return Response(service.thumbnail(_row(id)), media_type="image/jpeg",
-                        headers={"Cache-Control": "max-age=3600"})
-
-    # --------------------------------------------------------- clip-retrieval
-    @app.get("/indices-list")
-    def indices_list() -> list:
-        return service.indices_list()
-
-    @app.post("/knn-service")
-    async def knn_service(request: Request) -> list:
-        return await run_in_threadpool(service.knn_service, await _json(request), _base(request))
-
-    @app.post("/metadata")
-    async def metadata(request: Request) -> list:
-        return await run_in_threadpool(service.metadata, await _json(request), _base(request))
-
+    app = FastAPI(title="anchordiv", summary=service.title, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json", exception_handlers=ERROR_HANDLERS,
+                  description="Search a collection under anchor contexts. Errors are "
+                              '`{"error": "FIELD: message", "field": "FIELD"}` with a 4xx status.')
+    swagger = swagger_files()
+    app.state.service = service
+    app.state.files = {**{name: _static(name) for name in ("index.html", *STATIC)}, **swagger,
+                       "docs": docs_page(service.title, bool(swagger))}
+    for router in (page, api, clip):
+        app.include_router(router)
+    middleware.install(app, loopback_only, cors_origins)
     return app

@@ -12,143 +12,23 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import json
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
+
+from .limits import ConnectionLimits
 
 #: Default bind address: loopback only.
 DEFAULT_HOST = "127.0.0.1"
 
 
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """Timeouts and caps of the server's connections (see the module docstring)."""
-
-    header_timeout: float = 10.0
-    body_timeout: float = 60.0
-    per_client: int = 32
-    max_connections: int = 256
-
-    def __post_init__(self) -> None:
-        for name in ("header_timeout", "body_timeout", "per_client", "max_connections"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-
-
-def _raw_response(status: int, reason: str, message: str) -> bytes:
-    body = json.dumps({"error": message, "field": None}).encode()
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n").encode() + body
-
-
 def guarded_protocol(limits: ConnectionLimits) -> type:
     """uvicorn's h11 protocol with :class:`ConnectionLimits`: a class per server (it holds the server's
     connections by client address)."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from .protocol import GuardedH11Protocol  # uvicorn is imported when a server starts
 
-    clients: dict[str, set] = {}
-
-    class GuardedH11Protocol(H11Protocol):
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._timer: Any = None
-            self._phase = ""
-            self._idle_since = time.monotonic()
-            self._address = self.client[0] if self.client else ""
-            mine = clients.setdefault(self._address, set())
-            mine.add(self)
-            if len(mine) > limits.per_client and not self._make_room(mine):
-                return self._refuse("too many connections from one address")
-            if len(self.connections) > limits.max_connections and not self._make_room(self.connections):
-                return self._refuse("too many connections")
-            self._rearm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel()
-            mine = clients.get(self._address)
-            if mine is not None:
-                mine.discard(self)
-                if not mine:
-                    clients.pop(self._address, None)
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            self._rearm()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._rearm()
-
-        # ---------------------------------------------------------------- state
-        def _busy(self) -> bool:
-            return self.cycle is not None and not self.cycle.response_complete
-
-        def _make_room(self, group: Any) -> bool:
-            """Close the connection of ``group`` idle the longest; False when all are busy."""
-            idle = [c for c in list(group) if c is not self and isinstance(c, GuardedH11Protocol)
-                    and not c._busy() and not c.transport.is_closing()]
-            if not idle:
-                return False
-            oldest = min(idle, key=lambda c: c._idle_since)
-            oldest._close()
-            return True
-
-        def _refuse(self, why: str) -> None:
-            self.transport.write(_raw_response(503, "Service Unavailable", f"{why}; try again later"))
-            self._close()
-
-        def _close(self) -> None:
-            self._cancel()
-            self.connections.discard(self)
-            mine = clients.get(self._address)
-            if mine is not None:
-                mine.discard(self)
-            if not self.transport.is_closing():
-                self.transport.close()
-
-        def _cancel(self) -> None:
-            if getattr(self, "_timer", None) is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def _rearm(self) -> None:
-            """Start the deadline of the phase the connection is in: headers, body, or none while the app works."""
-            if self.transport.is_closing():
-                return self._cancel()
-            if not self._busy():
-                phase, timeout = "headers", limits.header_timeout
-            elif self.conn.their_state is h11.SEND_BODY:
-                phase, timeout = "body", limits.body_timeout
-            else:
-                phase, timeout = "app", None
-            if phase == self._phase:
-                return
-            self._cancel()
-            self._phase = phase
-            if phase == "headers":
-                self._idle_since = time.monotonic()
-            if timeout is not None:
-                self._timer = self.loop.call_later(timeout, self._timed_out)
-
-        def _timed_out(self) -> None:
-            self._timer = None
-            if self.transport.is_closing():
-                return
-            started = self._busy() and self.cycle.response_started
-            partial = self._busy() or bool(self.conn.trailing_data[0])
-            if partial and not started:
-                what = "body" if self._phase == "body" else "request line and headers"
-                limit = limits.body_timeout if self._phase == "body" else limits.header_timeout
-                self.transport.write(_raw_response(408, "Request Timeout",
-                                                   f"the {what} did not arrive within {limit:g} s"))
-            self._close()
-
-    return GuardedH11Protocol
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits, "clients": {}})
 
 
 def is_loopback(host: str) -> bool:

@@ -1,11 +1,13 @@
 """The search service behind ``anchordiv serve``, independent of the web framework.
 
 A *context* is (geometry, anchor selection, τ, model parameters, symmetric). Its fitted
-model and the key features ψ of every collection row are built once and kept in a
-byte-bounded LRU (:class:`~anchordiv.serve.cache.ByteLRU`); a query then costs one
-feature map φ(q) and one top-k over ψ (:func:`anchordiv.exact.knn`), the same
-computation as ``model.search``. Saved indexes (``--index``) are searched with
-:meth:`anchordiv.Index.search`.
+model and an exact :class:`anchordiv.Index` of every collection row (the key features ψ,
+ids = row numbers) are built once and kept in a byte-bounded LRU
+(:class:`~anchordiv.serve.cache.ByteLRU`); a query then costs one feature map φ(q) and the
+exact backend's filtered top-k over ψ (:meth:`anchordiv.Index.search` with ``filter`` and
+``exclude``), the same computation as ``model.search``. Saved indexes (``--index``) are
+searched with :meth:`anchordiv.Index.search` too. Requests are the Pydantic models of
+:mod:`anchordiv.serve.schemas`.
 
 Words of the API:
 
@@ -38,28 +40,21 @@ import torch
 from .. import anchorsfile
 from .._util import json_scalar
 from ..anchors import AnchorSet
-from ..models import make_model, model_names, registry
-from ..exact import knn, largest_k
-from . import validate as v
+from ..models import make_model, model_names, model_params, registry
+from ..diagnostics import explain
+from ..index import Index
+from . import schemas
 from .cache import ByteLRU, storage_nbytes, storages
-from .validate import FieldError
+from .errors import FieldError
+from .schemas import KnnRequest, MetadataRequest, SearchRequest, validated
 
 #: Geometries that need anchors / take a temperature.
 ANCHOR_MODELS = model_names(needs_anchors=True)
 TAU_MODELS = model_names(takes_temperature=True)
-#: Extra parameters a request may set, per geometry, with their kinds.
-MODEL_PARAMS = {
-    "gmm": {"n_components": "int", "seed": "int"},
-    "latent_gaussian": {"rank": "rank"},
-    "latent_spherical": {"rank": "rank"},
-}
 #: Columns shown as the item's text, in order of preference.
 ITEM_COLUMNS = ("caption", "text", "image_path")
 #: Columns never offered as labels.
 NOT_LABELS = {"caption", "text", "image_path", "id", "url"}
-#: Fields of ``POST /api/search``.
-SEARCH_FIELDS = {"text", "row", "id", "embedding", "image", "model", "context", "tau", "k", "filter", "params",
-                 "index", "symmetric", "include_self"}
 #: Thumbnail size in pixels.
 THUMB_PX = 256
 #: ``similarity`` per kind of geometry, as ``GET /api/contexts`` states it.
@@ -116,11 +111,11 @@ class ContextKey:
 
 @dataclass
 class Context:
-    """A fitted geometry with the key features of every collection row."""
+    """A fitted geometry with an exact index of every collection row (ids are row numbers)."""
 
     key: ContextKey
     model: Any
-    keys: torch.Tensor
+    index: Index
     anchors: AnchorSet | None
     anchor_sets: list[str]
     seconds: float
@@ -290,8 +285,7 @@ class Service:
             params: dict[str, Any] = {}
             if name in TAU_MODELS:
                 params["tau"] = self.tau
-            defaults = cls().get_params() if name in MODEL_PARAMS else {}
-            params.update({p: defaults.get(p) for p in MODEL_PARAMS.get(name, {})})
+            params.update({p.name: p.default for p in model_params(name).values()})
             models.append({"name": name, "needs_anchors": name in ANCHOR_MODELS,
                            "takes_temperature": name in TAU_MODELS, "params": params,
                            "available": name not in ANCHOR_MODELS or self.anchors is not None})
@@ -310,8 +304,8 @@ class Service:
             "default": {"name": self.default_key.name, "model": self.default_key.model,
                         "anchors": self.default_key.anchors, "tau": self.tau, "k": 12},
             "names": self.indices_list(),
-            "limits": {"max_k": v.MAX_K, "max_text": v.MAX_TEXT, "max_context": v.MAX_CONTEXT,
-                       "max_image_bytes": v.MAX_IMAGE_BYTES},
+            "limits": {"max_k": schemas.MAX_K, "max_text": schemas.MAX_TEXT, "max_context": schemas.MAX_CONTEXT,
+                       "max_image_bytes": schemas.MAX_IMAGE_BYTES},
             "similarity": dict(SIMILARITY),
         }
 
@@ -386,21 +380,8 @@ class Service:
             t = tau if tau is not None else self.tau
             if t is None:
                 raise FieldError("tau", f"geometry {model!r} needs a temperature and the service knows none")
-        clean = []
-        for name, value in (params or {}).items():
-            kind = MODEL_PARAMS.get(model, {}).get(name)
-            field = f"params.{name}"
-            if kind is None:
-                allowed = ", ".join(MODEL_PARAMS.get(model, {})) or "none"
-                raise FieldError(field, f"is not a parameter of {model!r} (parameters: {allowed})")
-            if kind == "rank" and isinstance(value, float) and not value.is_integer():
-                if not 0 < value <= 1:
-                    raise FieldError(field, f"must be an int k or a variance fraction in (0, 1], got {value}")
-            else:
-                value = v.integer({field: value}, field, lo=1 if name != "seed" else 0,
-                                  hi=self.dim if kind == "rank" else (64 if name == "n_components" else 2**31))
-            clean.append((name, value))
-        return ContextKey(model, selection, None if t is None else float(t), tuple(sorted(clean)), bool(symmetric))
+        clean = schemas.model_params(model, params, self.dim)
+        return ContextKey(model, selection, None if t is None else float(t), clean, bool(symmetric))
 
     def context(self, key: ContextKey) -> Context:
         """The cached context for ``key`` (fitted and featurized once)."""
@@ -420,8 +401,10 @@ class Service:
             model = make_model(key.model, **params).fit(anchors)
         except ValueError as exc:
             raise FieldError("params" if key.params else "model", f"cannot fit {key.name}: {exc}") from None
-        keys = model.key_features(self.G, symmetric=key.symmetric)
-        ctx = Context(key, model, keys, anchors, owners, time.perf_counter() - start)
+        index = Index(model, "exact", symmetric=key.symmetric).add(self.G)
+        if self.n > 1:  # the index builds its id lookups on a first filtered search: here, once, before it is shared
+            index.search(self.G[:1].numpy(), k=1, exclude=np.zeros((1, 1), dtype=np.int64), filter=np.arange(2))
+        ctx = Context(key, model, index, anchors, owners, time.perf_counter() - start)
         return ctx, self.context_nbytes(ctx)
 
     def context_nbytes(self, ctx: Context) -> int:
@@ -457,8 +440,8 @@ class Service:
     def embed_image(self, data: bytes) -> np.ndarray:
         """An uploaded image's embedding."""
         enc = self._encoder_for("image", images=True)
-        if len(data) > v.MAX_IMAGE_BYTES:
-            raise FieldError("image", f"is larger than {v.MAX_IMAGE_BYTES} bytes", 413)
+        if len(data) > schemas.MAX_IMAGE_BYTES:
+            raise FieldError("image", f"is larger than {schemas.MAX_IMAGE_BYTES} bytes", 413)
         from PIL import Image
 
         try:
@@ -503,23 +486,15 @@ class Service:
                              404)
         return row
 
-    def _query(self, data: dict, image: bytes | None) -> tuple[np.ndarray, dict, int | None]:
-        given = [f for f in ("text", "row", "id", "embedding") if data.get(f) is not None]
-        if image is not None:
-            given.append("image")
-        if len(given) != 1:
-            raise FieldError("query", "give exactly one of text, row, id, embedding or image"
-                             + (f" (got {', '.join(given)})" if given else ""))
-        kind = given[0]
+    def _query(self, req: SearchRequest, image: bytes | None) -> tuple[np.ndarray, dict, int | None]:
+        kind = req.kind
         if kind == "text":
-            text = v.string(data, "text")
-            return self.embed_text(text), {"kind": "text", "text": text}, None
+            return self.embed_text(req.text), {"kind": "text", "text": req.text}, None
         if kind == "image":
             return self.embed_image(image), {"kind": "image"}, None
         if kind == "embedding":
-            vec = np.asarray(v.embedding(data["embedding"], self.dim), dtype=np.float32)
-            return vec, {"kind": "embedding"}, None
-        row = self.check_row(data["row"]) if kind == "row" else self.find_row(data["id"])
+            return np.asarray(req.embedding, dtype=np.float32), {"kind": "embedding"}, None
+        row = self.check_row(req.row) if kind == "row" else self.find_row(req.id)
         info = {"kind": kind, "id": self.item_id(row), "row": row, "text": self.item_text(row),
                 "labels": self.labels_of(row)}
         return self.G[row].numpy().copy(), info, row
@@ -594,22 +569,16 @@ class Service:
 
     def _knn(self, ctx: Context, q: np.ndarray, k: int, own: int | None,
              rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k rows of the collection (or of ``rows``) for one query, ``own`` left out."""
-        qt = torch.from_numpy(q[None])
-        sym = ctx.key.symmetric
-        offsets, phi = ctx.model.query_offsets(qt, symmetric=sym), ctx.model.query_features(qt, symmetric=sym)
-        keys = ctx.keys if rows is None else ctx.keys[torch.from_numpy(rows)]
-        exclude, left = None, keys.shape[0]
+        """Top-k rows of the collection (or of the sorted ``rows``) for one query, ``own`` left out."""
+        left = self.n if rows is None else len(rows)
         if own is not None:
             pos = own if rows is None else int(np.searchsorted(rows, own))
-            if rows is None or (pos < len(rows) and rows[pos] == own):
-                exclude, left = torch.tensor([[pos]]), left - 1
+            left -= rows is None or (pos < len(rows) and rows[pos] == own)
         k = min(k, left)
         if k <= 0:
             return np.zeros(0), np.zeros(0, dtype=np.int64)
-        d, i = knn(offsets, phi, keys, k, exclude=exclude)
-        i = i[0].numpy()
-        return d[0].numpy(), (i if rows is None else rows[i])
+        d, i = ctx.index.search(q[None], k=k, exclude=None if own is None else np.array([[own]]), filter=rows)
+        return np.asarray(d[0]), i[0]
 
     def _index_search(self, name: str, q: np.ndarray, k: int, own: int | None,
                       rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -631,13 +600,9 @@ class Service:
         A = ctx.anchors
         if A is None or not A.texts:
             return []
-        tau = ctx.key.tau or self.tau or 1.0
-        E = A.embeddings.to(torch.float64)
-        logits = torch.log(A.weights.to(torch.float64)) + E @ torch.from_numpy(q).to(torch.float64) / tau
-        p = torch.softmax(logits, 0)
-        mass, idx = (t[0] for t in largest_k(p[None], None, min(top, len(A))))
+        found = explain(A, q, ctx.key.tau or self.tau or 1.0, top=top)
         return [{"anchor": A.texts[i], "set": ctx.anchor_sets[i] if ctx.anchor_sets else None, "mass": float(m)}
-                for m, i in zip(mass.tolist(), idx.tolist())]
+                for i, m in zip(found.top_indices[0].tolist(), found.top_probabilities[0].tolist())]
 
     def hit(self, rank: int, row: int, dist: float, kind: str, base: str = "") -> dict:
         """One result: ``similarity`` from ``dist`` as :func:`similarity` defines it for ``kind``."""
@@ -645,54 +610,47 @@ class Service:
         return {"rank": rank, "id": out.pop("id"), "row": out.pop("row"), "distance": float(dist),
                 "similarity": similarity(kind, float(dist)), **out}
 
-    def search(self, data: dict, image: bytes | None = None, form: bool = False, base: str = "") -> dict:
-        """``POST /api/search``: validate ``data`` and return the neighbours (urls under ``base``)."""
-        start = time.perf_counter()
-        if form:
-            data = {key: value for key, value in data.items() if value not in (None, "")}
-        v.check_fields(data, SEARCH_FIELDS)
-        if form:
-            for f in ("row", "embedding"):
-                if f in data:
-                    data[f] = v.json_field(data, f, form=True)
-        k = v.integer(data, "k", 10, 1, v.MAX_K, form=form)
-        symmetric = v.boolean(data, "symmetric", True, form=form)
-        include_self = v.boolean(data, "include_self", False, form=form)
-        spec = v.filter_spec(v.json_field(data, "filter", form=form), self.columns)
-        index = v.string(data, "index", max_len=200)
-        model = v.string(data, "model", max_len=64)
-        context = v.string(data, "context", max_len=v.MAX_CONTEXT, allow_empty=True)
-        tau = v.number(data, "tau", None, *v.TAU_RANGE, form=form)
-        params = v.json_field(data, "params", form=form)
-        if params is not None and not isinstance(params, dict):
-            raise FieldError("params", 'must be an object such as {"rank": 8}')
+    def request(self, model: type, data: Any, **context: Any) -> Any:
+        """``data`` validated as the request ``model`` against this collection (its dimension and columns)."""
+        return validated(model, data, dim=self.dim, columns=self.columns, **context)
+
+    def _target(self, req: SearchRequest) -> tuple[ContextKey | None, str | None]:
+        """The context key of a search, or the name of the saved index it searches."""
+        index, context = req.index, req.context
         if index is not None:
             for f in ("model", "context", "tau", "params"):
-                if data.get(f) is not None:
+                if getattr(req, f) is not None:
                     raise FieldError(f, "cannot be combined with index (the index holds its model)")
         else:
-            model, anchors, index = self.parse_context(context, model)
+            model, context, index = self.parse_context(context, req.model)
             if index is not None:
                 for f in ("tau", "params"):
-                    if data.get(f) is not None:
+                    if getattr(req, f) is not None:
                         raise FieldError(f, f"cannot be combined with the context index:{index} "
                                             "(the index holds its model)")
-            context = anchors
-        field = "context" if data.get("index") is None else "index"
-        if index is not None and index not in self.indexes:
-            raise FieldError(field, f"unknown index {index!r}; indexes: {', '.join(self.indexes) or '(none)'}")
-        key = None if index is not None else self.context_key(model, context, tau, params, symmetric)
-        q, qinfo, own = self._query(data, image)
-        own = None if include_self else own
-        rows = self._filter_rows(spec)
+        field = "index" if req.index is not None else "context"
         if index is not None:
-            d, i = self._index_search(index, q, k, own, rows)
+            if index not in self.indexes:
+                raise FieldError(field, f"unknown index {index!r}; indexes: {', '.join(self.indexes) or '(none)'}")
+            return None, index
+        return self.context_key(model, context, req.tau, req.params, req.symmetric), None
+
+    def search(self, data: Any, image: bytes | None = None, base: str = "") -> dict:
+        """``POST /api/search``: the neighbours of a :class:`SearchRequest` (or its dict), urls under ``base``."""
+        start = time.perf_counter()
+        req = self.request(SearchRequest, data, image=image is not None)
+        key, index = self._target(req)
+        q, qinfo, own = self._query(req, image)
+        own = None if req.include_self else own
+        rows = self._filter_rows(req.filter)
+        if index is not None:
+            d, i = self._index_search(index, q, req.k, own, rows)
             ctx_info = {"name": f"index:{index}", "index": index, "backend": self.indexes[index].backend}
             kind = similarity_kind(self.indexes[index].model)
             why: list = []
         else:
             ctx = self.context(key)
-            d, i = self._knn(ctx, q, k, own, rows)
+            d, i = self._knn(ctx, q, req.k, own, rows)
             ctx_info = {"name": key.name, "model": key.model, "anchors": key.anchors, "tau": key.tau,
                         "params": dict(key.params), "symmetric": key.symmetric,
                         "n_anchors": 0 if ctx.anchors is None else len(ctx.anchors)}
@@ -701,46 +659,38 @@ class Service:
         ctx_info["similarity"] = SIMILARITY[kind]
         results = [self.hit(r + 1, int(row), dist, kind, base)
                    for r, (dist, row) in enumerate(zip(d.tolist(), i.tolist()))]
-        return {"query": qinfo, "context": ctx_info, "k": k, "filter": spec or None, "results": results,
+        return {"query": qinfo, "context": ctx_info, "k": req.k, "filter": req.filter or None, "results": results,
                 "why": why, "took_ms": round(1000 * (time.perf_counter() - start), 3)}
 
     # ------------------------------------------------------ clip-retrieval
-    def knn_service(self, data: dict, base: str = "") -> list[dict]:
+    def knn_service(self, data: Any, base: str = "") -> list[dict]:
         """``POST /knn-service`` in clip-retrieval's shape: a list of ``{id, similarity, **metadata}``.
 
         ``indice_name`` is a context name from ``/indices-list`` (default: the default context).
         """
-        name = v.string(data, "indice_name", max_len=v.MAX_CONTEXT + 64)
-        name = self.default_key.name if name is None else name
-        if v.boolean(data, "use_mclip", False):
+        req = self.request(KnnRequest, data)
+        if req.use_mclip:
             raise FieldError("use_mclip", "multilingual CLIP is not available here")
-        if data.get("image_url") not in (None, ""):
-            raise FieldError("image_url", "is not supported: this service fetches nothing; send the image as base64")
-        num = v.integer(data, "num_images", 40, 1, v.MAX_K)
-        num_ids = v.integer(data, "num_result_ids", num, 1, v.MAX_K)
-        dedup = v.boolean(data, "deduplicate", False)
-        query: dict[str, Any] = {"k": min(max(num, num_ids), v.MAX_K), "context": name}
+        num = req.num_images
+        num_ids = req.num_result_ids if req.num_result_ids is not None else num
+        query: dict[str, Any] = {"k": min(max(num, num_ids), schemas.MAX_K),
+                                 "context": self.default_key.name if req.indice_name is None else req.indice_name}
         image = None
-        if data.get("text") not in (None, ""):
-            query["text"] = data["text"]
-        elif data.get("image") not in (None, ""):
+        if req.text is not None:
+            query["text"] = req.text
+        elif req.image is not None:
             import base64
             import binascii
 
-            raw = data["image"]
-            if not isinstance(raw, str) or len(raw) > 4 * v.MAX_IMAGE_BYTES // 3 + 8:
-                raise FieldError("image", f"must be a base64 string of at most {v.MAX_IMAGE_BYTES} bytes")
             try:
-                image = base64.b64decode(raw, validate=True)
+                image = base64.b64decode(req.image, validate=True)
             except (binascii.Error, ValueError):
                 raise FieldError("image", "is not valid base64") from None
-        elif data.get("embedding_input") is not None:
-            query["embedding"] = data["embedding_input"]
+        elif req.embedding_input is not None:
+            query["embedding"] = req.embedding_input
         else:
             raise FieldError("text", "give one of text, image or embedding_input")
         try:
-            if "embedding" in query:
-                query["embedding"] = v.embedding(query["embedding"], self.dim, "embedding_input")
             res = self.search(query, image=image, base=base)
         except FieldError as exc:
             field = {"context": "indice_name", "model": "indice_name", "index": "indice_name",
@@ -748,7 +698,7 @@ class Service:
             raise FieldError(field, exc.message, exc.status) from None
         out, seen = [], set()
         for hit in res["results"]:
-            if dedup:
+            if req.deduplicate:
                 digest = self.G[hit["row"]].numpy().tobytes()
                 if digest in seen:
                     continue
@@ -767,18 +717,11 @@ class Service:
             meta["url"] = self.thumb_url(row, base)
         return meta
 
-    def metadata(self, data: dict, base: str = "") -> list[dict]:
+    def metadata(self, data: Any, base: str = "") -> list[dict]:
         """``POST /metadata``: ``[{"id": id, "metadata": {...}}]`` for the given item ids."""
-        ids = data.get("ids")
-        if not isinstance(ids, list):
-            raise FieldError("ids", "must be a list of ids")
-        if len(ids) > v.MAX_IDS:
-            raise FieldError("ids", f"has more than {v.MAX_IDS} ids")
-        name = data.get("indice_name")
-        if name is not None and (not isinstance(name, str) or len(name) > v.MAX_CONTEXT + 64):
-            raise FieldError("indice_name", "must be a string")
+        req = self.request(MetadataRequest, data)
         out = []
-        for i in ids:
+        for i in req.ids:
             row = self.find_row(i, "ids")
             meta = self.clip_metadata(row, base)
             if self.has_images:

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from ._backend import as_tensor
-from .linalg import unit_rows
-from .models.base import Geometry, prepare_anchors
+from .._backend import as_tensor
+from ..linalg import unit_rows
+from .base import Geometry, prepare_anchors
 
 
 class Cosine(Geometry):
@@ -26,6 +26,8 @@ class Cosine(Geometry):
     ``fit`` is accepted (and ignored) so that every geometry can be used the same way.
     The ``symmetric`` flag is accepted and has no effect: cosine is symmetric.
     """
+
+    color = "#7f7f7f"
 
     def __init__(self):
         pass
@@ -79,6 +81,7 @@ class ImageTextInversion(Geometry):
     """
 
     anchor_batch_size: int = 8192
+    color = "#8c564b"
 
     @classmethod
     def tags(cls):
