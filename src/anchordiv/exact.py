@@ -365,7 +365,7 @@ def distance_matrix(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor
 def key_feature_blocks(geometry: Any, G: torch.Tensor, symmetric: bool, rows: int) -> Iterator[torch.Tensor]:
     """ψ of the rows of ``G``, computed ``rows`` at a time."""
     for start in range(0, G.shape[0], rows):
-        yield geometry.key_terms(G[start:start + rows], symmetric)
+        yield geometry._key_terms(G[start:start + rows], symmetric)  # the compute dtype (float64 fallback)
 
 
 def prepare(geometry: Any, Q: Any, G: Any) -> tuple[torch.Tensor, torch.Tensor, Kind]:
@@ -424,7 +424,7 @@ def search(geometry: Any, Q: Any, G: Any, k: int = 10, symmetric: bool = True, e
     if k > available:
         raise ValueError(f"k={k} exceeds the {available} gallery items available; pass k <= {available}.")
     with progress_scope(progress):
-        offsets, phi = geometry.query_terms(q, symmetric)
+        offsets, phi = geometry._query_terms(q, symmetric)
         _, rows = block_shape(q.shape[0], g.shape[0], phi.shape[1], phi.element_size(), k, memory_budget)
         d, i = knn(offsets, phi, key_feature_blocks(geometry, g, symmetric, rows), k, n_keys=g.shape[0],
                    exclude=exclude, memory_budget=memory_budget, keys_given=False, progress=progress,
