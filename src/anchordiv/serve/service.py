@@ -531,7 +531,7 @@ class Service:
 
     def thumbnail(self, row: int) -> bytes:
         """JPEG thumbnail of row ``row``'s own image file (the only files ever opened)."""
-        from ..report import _Skip, _thumbnail
+        from ..report.images import Skip, thumbnail
 
         if not self.has_images:
             raise FieldError("id", "this collection holds no images", 404)
@@ -543,8 +543,8 @@ class Service:
             if path is None:
                 raise FieldError("id", f"item {item!r} has no image file", 404)
             try:
-                im = _thumbnail(os.fspath(path), THUMB_PX)
-            except _Skip as exc:
+                im = thumbnail(os.fspath(path), THUMB_PX)
+            except Skip as exc:
                 raise FieldError("id", f"the image of item {item!r} cannot be shown ({exc.reason})", 404) from None
             buf = io.BytesIO()
             im.save(buf, format="JPEG", quality=85)
