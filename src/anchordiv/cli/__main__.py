@@ -1,0 +1,5 @@
+"""``python -m anchordiv.cli``."""
+
+from . import main
+
+main()
