@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import hashlib
 import importlib
 import importlib.util
 import math
@@ -22,6 +23,15 @@ from typing import Any, Callable
 #: range where float32 features resolve unit-norm embeddings; CLIP's learned τ is ≈ 0.01.
 TAU_RANGE = (1e-4, 100.0)
 
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """SHA-256 (hex) of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 def check_tau(value: Any, name: str = "tau") -> float:
     """``value`` as a float τ ∈ :data:`TAU_RANGE`, else a ``ValueError`` naming ``name``."""

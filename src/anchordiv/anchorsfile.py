@@ -60,7 +60,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from ._util import atomic_write, require
+from ._util import atomic_write, require, sha256_file
 from .anchors import AnchorSet
 
 __all__ = [
@@ -236,14 +236,6 @@ def _check_proportions(props: Sequence[float], names: Sequence[str], arg: str) -
         _number(p, f"{arg}: proportion of set {n!r}")
     if sum(props) <= 0:
         raise ValueError(f"{arg}: the proportions are all zero; give at least one set a positive proportion")
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _number(value: Any, what: str) -> float:
@@ -463,7 +455,7 @@ def read_anchors_file(path: str | os.PathLike, *, max_phrases: int = MAX_PHRASES
         raise FileNotFoundError(f"anchors file {str(p)!r} does not exist")
     if p.is_dir():
         raise ValueError(f"anchors file {str(p)!r} is a directory; pass a .txt or .yaml file")
-    digest = _sha256_file(p)
+    digest = sha256_file(p)
     where = f"anchors file {str(p)!r}"
     stem = check_set_name(re.sub(r"[,:=\\\s\x00-\x1f\x7f-\x9f]+", "_", p.stem) or "anchors", where)
     if p.suffix.lower() in YAML_SUFFIXES:

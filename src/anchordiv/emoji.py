@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .anchorsfile import _sha256_file as _sha256
+from ._util import sha256_file as _sha256
 
 #: vendor -> (npm package, pinned version, SHA-256 of the ``npm pack`` tarball, image licence).
 PACKAGES = {

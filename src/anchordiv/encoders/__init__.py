@@ -48,6 +48,7 @@ from ._base import (
     check_tau,
     resolve_device,
 )
+from ..emoji import CLIP_SPEC
 from ._lazy import LazyEncoder
 from ._sentence import SENTENCE_TRANSFORMERS_TAU, minilm_path
 
@@ -55,7 +56,7 @@ from ._sentence import SENTENCE_TRANSFORMERS_TAU, minilm_path
 DEFAULT_SPEC = "minilm"
 
 #: Spec of the committed emoji CLIP (``emoji-clip:FOLDER`` for another one trained the same way).
-EMOJI_SPEC = "emoji-clip"
+EMOJI_SPEC = CLIP_SPEC
 
 #: Spec prefixes understood by :func:`load` (``sentence_transformers:`` is accepted too).
 PREFIXES = ("open_clip", "hf_clip", "sentence-transformers")

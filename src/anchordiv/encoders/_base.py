@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .. import _util
+from .._util import check_tau  # the one τ range of every source
 from .._util import MissingDependencyError, positive_int  # noqa: F401  (the encoders raise the error)
 
 #: Default number of items per forward pass.
@@ -77,17 +78,6 @@ def resolve_device(device: Any) -> torch.device:
 def check_batch_size(batch_size: Any, name: str = "batch_size") -> int:
     """Validate a positive integer batch size and return it as ``int``."""
     return positive_int(batch_size, name)
-
-
-def check_tau(tau: Any, name: str = "tau") -> float:
-    """Validate a positive, finite temperature and return it as ``float``."""
-    try:
-        value = float(tau)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a positive number, got {tau!r}.") from exc
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive, finite number, got {tau!r}.")
-    return value
 
 
 def tau_from_logit_scale(model: Any, spec: str) -> float:

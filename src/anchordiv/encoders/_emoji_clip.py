@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .._progress import quiet_loading
+from ..emoji import CLIP_DIR
 from ._base import Encoder, require, tau_from_logit_scale
 
 #: OpenAI CLIP's image normalisation, which OpenCLIP uses by default.
@@ -28,8 +29,6 @@ MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
 
 
-#: The committed emoji CLIP (``anchordiv.emoji.CLIP_DIR``).
-COMMITTED_FOLDER = Path(__file__).resolve().parent.parent / "data" / "emoji_clip"
 
 
 def read_checkpoint(folder: Path, spec: str) -> tuple[dict, dict]:
@@ -131,7 +130,7 @@ class EmojiCLIPEncoder(Encoder):
         from ._sentence import minilm_path
 
         transformers = require("transformers", "transformers", f"encoder spec {spec!r}")
-        path = Path(folder).expanduser() if folder else COMMITTED_FOLDER
+        path = Path(folder).expanduser() if folder else CLIP_DIR
         config, state = read_checkpoint(path, spec)
         text = config["text_cfg"]
         name = text.get("hf_model_name", "minilm")

@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
+from .._util import TAU_RANGE  # the one τ range of every source
 from .errors import FieldError, check_tree, loads, show
 
 #: Largest k a request may ask for.
@@ -31,8 +32,6 @@ MAX_JSON_BYTES = 1024 * 1024
 MAX_FILTER_VALUES = 200
 #: At most this many ids in one /metadata request.
 MAX_IDS = 1000
-#: Temperatures accepted.
-TAU_RANGE = (1e-4, 100.0)
 #: Norms of a query embedding accepted (float32 squares neither overflow nor underflow inside it).
 NORM_RANGE = (1e-12, 1e12)
 

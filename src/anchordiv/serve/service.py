@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from .. import anchorsfile
-from .._util import json_scalar
+from .._util import check_tau, json_scalar
 from ..anchors import AnchorSet
 from ..models import make_model, model_names, model_params, registry
 from ..diagnostics import explain
@@ -187,6 +187,8 @@ class Service:
                                                 getattr(anchors, "tau", None))
         if self.tau is None and encoder is not None:
             self.tau = float(encoder.tau)
+        if self.tau is not None:  # the manifest's, the anchors' or the encoder's: one range for every source
+            self.tau = check_tau(self.tau, "the service's tau (from --tau, the collection's manifest or the encoder)")
         if anchors is not None and next(iter(anchors.sets.values())).dim != self.dim:
             raise ValueError(f"the anchors have dimension {next(iter(anchors.sets.values())).dim} but the "
                              f"collection has {self.dim}; embed them with the collection's encoder")
