@@ -376,8 +376,8 @@ def float32_rounding(model: Geometry, Q: Any, G: Any, symmetric: bool = True,
     Computed from the float64 features of the float32-rounded inputs, so only the rounding
     of the arithmetic is bounded, not that of the inputs themselves."""
     Q64, G64 = _float64(Q), _float64(G)
-    offsets = np.abs(_float64(model.query_offsets(Q64, symmetric)))
-    phi = np.linalg.norm(_float64(model.query_features(Q64, symmetric)), axis=1)
+    o, f = model.query_terms(Q64, symmetric)
+    offsets, phi = np.abs(_float64(o)), np.linalg.norm(_float64(f), axis=1)
     psi = _float64(model.key_features(G64, symmetric))
     M = float(np.linalg.norm(psi, axis=1).max(initial=0.0))
     scale = offsets + phi * M
