@@ -362,10 +362,18 @@ def distance_matrix(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor
 
 
 # ------------------------------------------------------------------- geometry
-def key_feature_blocks(geometry: Any, G: torch.Tensor, symmetric: bool, rows: int) -> Iterator[torch.Tensor]:
-    """ψ of the rows of ``G``, computed ``rows`` at a time."""
-    for start in range(0, G.shape[0], rows):
-        yield geometry._key_terms(G[start:start + rows], symmetric)  # the compute dtype (float64 fallback)
+def key_feature_blocks(geometry: Any, G: Any, symmetric: bool, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                       width: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(start, ψ)`` of the rows of ``G`` from row ``start``, in blocks whose features and their
+    transients take :data:`KEY_SHARE` of ``memory_budget`` (:func:`block_shape`); ψ in the compute
+    dtype (float64 where float32 cannot resolve the geometry). ``width``: the feature width, when
+    known (otherwise read off one row)."""
+    g, _ = geometry.check_input(G, "G")
+    if width is None:
+        width = int(geometry.key_terms(g[:1], symmetric, compute_dtype=True).shape[1])
+    rows = block_shape(1, g.shape[0], width, g.element_size(), 1, memory_budget)[1]
+    for start in range(0, g.shape[0], rows):
+        yield start, geometry.key_terms(g[start:start + rows], symmetric, compute_dtype=True)
 
 
 def prepare(geometry: Any, Q: Any, G: Any) -> tuple[torch.Tensor, torch.Tensor, Kind]:
@@ -424,9 +432,9 @@ def search(geometry: Any, Q: Any, G: Any, k: int = 10, symmetric: bool = True, e
     if k > available:
         raise ValueError(f"k={k} exceeds the {available} gallery items available; pass k <= {available}.")
     with progress_scope(progress):
-        offsets, phi = geometry._query_terms(q, symmetric)
-        _, rows = block_shape(q.shape[0], g.shape[0], phi.shape[1], phi.element_size(), k, memory_budget)
-        d, i = knn(offsets, phi, key_feature_blocks(geometry, g, symmetric, rows), k, n_keys=g.shape[0],
+        offsets, phi = geometry.query_terms(q, symmetric, compute_dtype=True)
+        blocks = (psi for _, psi in key_feature_blocks(geometry, g, symmetric, memory_budget, phi.shape[1]))
+        d, i = knn(offsets, phi, blocks, k, n_keys=g.shape[0],
                    exclude=exclude, memory_budget=memory_budget, keys_given=False, progress=progress,
                    desc=f"search ({type(geometry).__name__})")
     return kind.out(d), (i.cpu().numpy() if kind.is_numpy else i)
@@ -459,4 +467,5 @@ def check_same_set(Q: Any, G: Any, q: torch.Tensor, g: torch.Tensor) -> None:
     )
 
 
-__all__ = ["search", "knn", "distance_matrix", "smallest_k", "largest_k", "TopK", "block_shape", "DEFAULT_MEMORY_BUDGET"]
+__all__ = ["search", "knn", "distance_matrix", "smallest_k", "largest_k", "TopK", "block_shape", "key_feature_blocks",
+           "DEFAULT_MEMORY_BUDGET"]

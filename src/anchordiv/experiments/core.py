@@ -532,7 +532,7 @@ def _distances(geometry: Any, Q: np.ndarray, key_psi: torch.Tensor) -> tuple[np.
     """Distances of a block of queries to all keys (:func:`anchordiv.exact.distance_matrix`)
     and the size of the terms of each row, ``|o_i| + max_j |φ_i·ψ_j|``."""
     q, _ = geometry.check_input(Q, "Q")
-    offsets, phi = geometry._query_terms(q.to(key_psi.dtype), True)  # the compute dtype of the keys
+    offsets, phi = geometry.query_terms(q.to(key_psi.dtype), True, compute_dtype=True)  # the compute dtype of the keys
     D = distance_matrix(offsets, phi, key_psi, n_keys=key_psi.shape[0])
     scale = offsets.abs() + (offsets[:, None] - D).abs().amax(1)
     return D.cpu().numpy(), scale.cpu().numpy()
@@ -599,7 +599,7 @@ def score(geometry: Any, data: EvalData, factors: Sequence[str], queries: np.nda
     X = data.embeddings
     step = max(1, min(q_idx.size, int(memory_budget) // (8 * max(1, k_idx.size))))
     k, _ = geometry.check_input(X[k_idx], "G")
-    key_psi = geometry._key_terms(k, True)  # float64 where float32 cannot resolve the geometry
+    key_psi = geometry.key_terms(k, True, compute_dtype=True)  # float64 where float32 cannot resolve the geometry
     key_pos = {int(r): j for j, r in enumerate(k_idx)}
     out = {f: np.empty(q_idx.size) for f in factors}
     for start in range(0, q_idx.size, step):

@@ -27,9 +27,8 @@ import torch
 
 from .._backend import positive_int
 from .._progress import progress_bar
-from ..exact import DEFAULT_MEMORY_BUDGET
+from ..exact import key_feature_blocks
 from ..models.base import Geometry
-from ._common import key_blocks
 from ._index import Index
 
 #: Rows of a shard cut from a single embedding file (or an in-memory array).
@@ -112,7 +111,7 @@ def shard_features(model: Geometry, symmetric: bool, shard: Shard, budget: int) 
     """ψ of one shard as one CPU tensor (a Dask task of a build whose driver stores the features)."""
     x = shard.read()
     out = None
-    for start, psi in key_blocks(model, symmetric, x, budget):
+    for start, psi in key_feature_blocks(model, x, symmetric, budget):
         if out is None:
             out = torch.empty(len(x), psi.shape[1], dtype=psi.dtype)
         out[start:start + psi.shape[0]] = psi.cpu()
@@ -154,8 +153,8 @@ def build_index(model: Geometry, collection: Any, backend: str = "exact", *, sym
         raise ValueError("collection has no rows to index.")
     total = shards[-1].offset + len(shards[-1])
     first = shards[0].read()[:1]
-    budget = int(index.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
-    g0, _ = model._input(first, "collection")
+    budget = store.memory_budget
+    g0, _ = model.check_input(first, "collection")
     width = index._feature_width(g0)
     bar = progress_bar(total=len(shards), show=progress, desc="index shards", unit="shard")
     try:
@@ -163,7 +162,7 @@ def build_index(model: Geometry, collection: Any, backend: str = "exact", *, sym
             store.reserve(total, width, g0.dtype, g0.device)
             for shard in shards:
                 x, metadata = shard.read(), shard.read_metadata() if tags.stores_metadata else None
-                for start, psi in key_blocks(model, symmetric, x, budget):
+                for start, psi in key_feature_blocks(model, x, symmetric, budget):
                     block = slice(start, start + psi.shape[0])
                     index._add_keys(psi, shard.ids[block], raw=x[block],
                                     metadata=None if metadata is None else metadata.iloc[block])

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .._backend import positive_int  # noqa: F401  (re-exported for the backends)
-from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, block_shape, knn, smallest_k
+from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, knn, smallest_k
 
 
 def margin_value(value: Any) -> float:
@@ -89,6 +89,12 @@ class Backend:
     def tags(cls) -> BackendTags:
         """The capabilities of this backend (see :class:`BackendTags`)."""
         return cls.TAGS
+
+    @property
+    def memory_budget(self) -> int:
+        """Bytes of one block of features and scores: the ``memory_budget`` parameter, or
+        :data:`~anchordiv.exact.DEFAULT_MEMORY_BUDGET` for a backend that declares none."""
+        return int(self.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
 
     @classmethod
     def check_params(cls, params: dict) -> dict:
@@ -261,16 +267,6 @@ def restricted_knn(offsets: torch.Tensor, phi: torch.Tensor, blocks, k: int, n: 
     return d, p
 
 
-def key_blocks(model: Any, symmetric: bool, x: Any, budget: int):
-    """``(start, ψ)`` of the rows of ``x`` from row ``start``, in blocks whose features take a quarter of
-    ``budget``."""
-    g, _ = model._input(x, "G")
-    width = int(model._key_terms(g[:1], symmetric).shape[1])
-    rows = block_shape(1, g.shape[0], width, g.element_size(), 1, budget)[1]
-    for start in range(0, g.shape[0], rows):
-        yield start, model._key_terms(g[start:start + rows], symmetric)
-
-
 def shortlist_size(shortlist: int | None, k: int, n: int) -> int:
     """Candidates fetched per query: ``shortlist`` (default max(4k, 64)), at least k, at most n."""
     s = max(4 * k, 64) if shortlist is None else max(shortlist, k)
@@ -338,5 +334,5 @@ def warn_missing(positions: torch.Tensor, backend: str, hint: str) -> None:
 
 
 __all__ = ["Backend", "BackendTags", "DEFAULT_MEMORY_BUDGET", "positive_int", "margin_value", "shortlist_size", "id_array",
-           "allowed_blocks", "restricted_knn", "key_blocks",
+           "allowed_blocks", "restricted_knn",
            "query_blocks", "rerank", "best_candidates", "warn_missing"]

@@ -13,7 +13,7 @@ from .._backend import concat, positive_int
 from ..models.base import EuclideanModel, Geometry
 from ._common import Backend, id_array, restricted_knn
 from ._registry import BACKENDS, backend_class, backend_names
-from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, block_shape, smallest_k
+from ..exact import NO_INDEX, block_shape, key_feature_blocks, smallest_k
 from ._storage import (FORMAT, VERSION, atomic_save, fingerprint, geometry_from_dict, geometry_to_dict, read_payload,
                        seal)
 
@@ -157,7 +157,7 @@ class Index:
 
     # ---------------------------------------------------------------- helpers
     def _vectors(self, X: Any, name: str) -> tuple[torch.Tensor, Any]:
-        t, kind = self._model._input(X, name)
+        t, kind = self._model.check_input(X, name)
         if self._dim is not None and t.shape[1] != self._dim:
             raise ValueError(f"{name} has dimension {t.shape[1]} but this index holds vectors of dimension {self._dim}.")
         return t, kind
@@ -253,14 +253,12 @@ class Index:
 
     def _add(self, g: torch.Tensor, new: np.ndarray, upsert: bool = False, metadata: Any = None) -> None:
         """Store the key features of ``g`` under the (checked) ids ``new``, a budget-sized block at a time."""
-        budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
+        budget = self._backend.memory_budget
         width = self._feature_width(g)  # the feature width sets the block
-        rows = block_shape(1, g.shape[0], width, g.element_size(), 1, budget)[1]
         self._backend.reserve(g.shape[0], width, g.dtype, g.device)
-        for start in range(0, g.shape[0], rows):
-            block = slice(start, start + rows)
-            self._add_keys(self._model._key_terms(g[block], self._symmetric), new[block], upsert,
-                           g[block], None if metadata is None else metadata.iloc[block])
+        for start, psi in key_feature_blocks(self._model, g, self._symmetric, budget, width):
+            block = slice(start, start + psi.shape[0])
+            self._add_keys(psi, new[block], upsert, g[block], None if metadata is None else metadata.iloc[block])
         self._dim = int(g.shape[1])
         if self._backend.needs_tuning(len(self)):
             self._tune(g, new)
@@ -395,7 +393,7 @@ class Index:
                 raise ValueError(f"k={k} exceeds the allowed ids left after excluding ({allow.size - inside}); "
                                  "pass a smaller k.")
         # the query features are made a block at a time, within the key share of the budget
-        budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
+        budget = self._backend.memory_budget
         width = self._feature_width(q)
         rows = block_shape(1, q.shape[0], width, q.element_size(), 1, budget)[1]
         parts = [self._search_block(q, k, ex, allow, certify)] if rows >= q.shape[0] else [
@@ -426,7 +424,7 @@ class Index:
     def _feature_width(self, X: torch.Tensor) -> int:
         """Width of the feature maps, from one row's key features the first time it is needed."""
         if self._width is None:
-            self._width = int(self._model._key_terms(X[:1], self._symmetric).shape[1])
+            self._width = int(self._model.key_terms(X[:1], self._symmetric, compute_dtype=True).shape[1])
         return self._width
 
     def _allowed(self, filter: Any, k: int) -> np.ndarray | str:
@@ -449,7 +447,7 @@ class Index:
     def _search_block(self, q: torch.Tensor, k: int, ex: torch.Tensor | None,
                       allow: np.ndarray | str | None = None, certify: bool = False) -> tuple:
         """(distances, positions) of one block of queries, and with ``certify`` the certificate."""
-        offsets, phi = self._model._query_terms(q, self._symmetric)
+        offsets, phi = self._model.query_terms(q, self._symmetric, compute_dtype=True)
         tags = self._backend.tags()
         extra = {"certify": True} if certify else {}
         if tags.wants_queries:
@@ -475,8 +473,8 @@ class Index:
         if isinstance(allow, str):
             raise ValueError("An exact search again (certify=True with fallback) cannot evaluate a Milvus expression "
                              "filter; pass the allowed ids as an array, or fallback=False.")
-        offsets, phi = self._model._query_terms(q, self._symmetric)
-        budget = int(self._backend.params.get("memory_budget", DEFAULT_MEMORY_BUDGET))
+        offsets, phi = self._model.query_terms(q, self._symmetric, compute_dtype=True)
+        budget = self._backend.memory_budget
         return restricted_knn(offsets, phi, self._backend.key_blocks(self._ids), k, len(self), ex, allow, budget)
 
     def recall(self, Q: Any, k: int = 10) -> float:
@@ -498,7 +496,7 @@ class Index:
     def _tie_threshold(self, q: torch.Tensor, exact_d: torch.Tensor) -> torch.Tensor:
         """Per query, the largest divergence tied with its exact k-th: exact_d[:, −1] + ``TIE_RTOL`` ×
         (|o(q)| + ‖φ(q)‖·max‖ψ‖), in float64 on the CPU."""
-        offsets, phi = self._model._query_terms(q, self._symmetric)
+        offsets, phi = self._model.query_terms(q, self._symmetric, compute_dtype=True)
         key_norm = max((float(b.double().norm(dim=1).max()) for b in self._backend.key_blocks(self._ids)
                         if b.shape[0]), default=0.0)
         scale = offsets.double().abs().cpu() + phi.double().norm(dim=1).cpu() * key_norm

@@ -18,7 +18,8 @@ import torch
 from .._util import require
 from ..models import registry
 from ..models.base import EuclideanModel
-from ._common import (DEFAULT_MEMORY_BUDGET, Backend, BackendTags, key_blocks, margin_value, positive_int,
+from ..exact import key_feature_blocks
+from ._common import (DEFAULT_MEMORY_BUDGET, Backend, BackendTags, margin_value, positive_int,
                       query_blocks, rerank, shortlist_size, warn_missing)
 from ._layout import VectorLayout
 
@@ -577,7 +578,7 @@ class MilvusBackend(Backend):
                          budget: int, progress: Any) -> np.ndarray:
         """The driver creates the collection with the model's fixed layout; the workers upsert the shards
         (a retried task writes the same rows again)."""
-        psi0 = model._key_terms(first, symmetric)
+        psi0 = model.key_terms(first, symmetric, compute_dtype=True)
         layout = VectorLayout.for_keys(self.euclidean, psi0, self.params["norm_margin"], self.norm_bound)
         if not (layout.fixed or layout.euclidean):
             raise ValueError(
@@ -788,7 +789,7 @@ def shard_upsert(model: Any, symmetric: bool, shard: Any, budget: int, params: d
         backend.layout, backend.created = VectorLayout.from_state(state["layout"]), True
         backend.fields, backend.raw = state["fields"], state["raw"]
         ids, x, metadata = shard.ids, shard.read(), shard.read_metadata()
-        for start, psi in key_blocks(model, symmetric, x, budget):
+        for start, psi in key_feature_blocks(model, x, symmetric, budget):
             block = slice(start, start + psi.shape[0])
             backend.layout.check(psi)
             extra = {EMBEDDING_FIELD: x[block].astype(np.float32),

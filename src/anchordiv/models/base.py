@@ -206,21 +206,28 @@ class Geometry:
         dimension) and the :class:`~anchordiv._backend.Kind` that hands results back as given."""
         return self._input(X, name)
 
-    def query_terms(self, Q: Any, symmetric: bool = True) -> tuple[Any, Any]:
+    def query_terms(self, Q: Any, symmetric: bool = True, *, compute_dtype: bool = False) -> tuple[Any, Any]:
         """(o(q), φ(q)) in one pass over the statistics, such that
         d(q, g) = o(q) − φ(q)ᵀψ(g) with ψ = :meth:`key_terms`.
 
         Numpy in, numpy out; torch in, torch out (same device). Use it instead of
-        :meth:`query_offsets` and :meth:`query_features` when both are needed.
+        :meth:`query_offsets` and :meth:`query_features` when both are needed. With
+        ``compute_dtype=True`` the terms keep the dtype they were computed in (float64 where
+        the input's float32 cannot resolve them, e.g. near one-hot softmaxes) instead of the
+        input's; search and indexes rank in that dtype.
         """
         t, kind = self._input(Q, "Q")
         offsets, phi = self._query_terms(t, symmetric)
+        if compute_dtype:
+            kind = replace(kind, dtype=phi.dtype)
         return kind.out(offsets), kind.out(phi)
 
-    def key_terms(self, G: Any, symmetric: bool = True) -> Any:
-        """ψ(g), the key feature map: d(q, g) = o(q) − φ(q)ᵀψ(g) (see :meth:`query_terms`)."""
+    def key_terms(self, G: Any, symmetric: bool = True, *, compute_dtype: bool = False) -> Any:
+        """ψ(g), the key feature map: d(q, g) = o(q) − φ(q)ᵀψ(g) (see :meth:`query_terms`,
+        also for ``compute_dtype``)."""
         t, kind = self._input(G, "G")
-        return kind.out(self._key_terms(t, symmetric))
+        psi = self._key_terms(t, symmetric)
+        return kind.out(psi) if not compute_dtype else replace(kind, dtype=psi.dtype).out(psi)
 
     def query_features(self, Q: Any, symmetric: bool = True) -> Any:
         """Query feature map φ(q) of the inner-product form (see class docstring)."""
@@ -243,12 +250,11 @@ class Geometry:
         Computed as ``query_offsets(Q)[:, None] - query_features(Q) @ key_features(G).T``,
         with the key features made block by block (:func:`anchordiv.exact.distance_matrix`).
         """
-        from ..exact import DEFAULT_MEMORY_BUDGET, block_shape, distance_matrix, key_feature_blocks, prepare
+        from ..exact import distance_matrix, key_feature_blocks, prepare
 
         q, g, kind = prepare(self, Q, G)
         offsets, phi = self._query_terms(q, symmetric)
-        _, rows = block_shape(q.shape[0], g.shape[0], phi.shape[1], phi.element_size(), 1, DEFAULT_MEMORY_BUDGET)
-        blocks = key_feature_blocks(self, g, symmetric, rows)
+        blocks = (psi for _, psi in key_feature_blocks(self, g, symmetric, width=phi.shape[1]))
         D = distance_matrix(offsets, phi, blocks, n_keys=g.shape[0], keys_given=False)
         return kind.out(require_finite(D, self, "distances"))
 
