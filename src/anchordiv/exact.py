@@ -306,29 +306,107 @@ def knn(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[
     if isinstance(keys, torch.Tensor) and keys.shape[0] <= g_rows and q_rows >= n_q and exclude is None:
         return _knn_one_block(offsets, phi, keys, k)
     heap = TopK(n_q, k, phi.dtype, phi.device)
-    buffer = torch.empty(q_rows * g_rows, dtype=phi.dtype, device=phi.device)
     show = progress if progress is not None else float(n_q) * (n_keys or 0) * D > PROGRESS_WORK
     bar = progress_bar(total=n_keys, show=show, desc=desc, unit="key")
-    k0 = 0
+    for rows, k0, scores in _scored_blocks(phi, keys, exclude, q_rows, g_rows):
+        if scores.dtype != heap.distances.dtype:  # keys kept in float64: rank in float64
+            heap.distances = heap.distances.to(scores.dtype)
+        # a row's top-k does not depend on its offset o(q): rank by the largest φᵀψ (torch's CPU
+        # top-k is faster for the largest), give −φᵀψ to the heap and add o(q) to the k results
+        m = scores.shape[1]
+        s, i = largest_k(scores, None, min(k, m))
+        heap.push_selected(rows, s.neg_(), i + k0)
+        if rows.stop == n_q:
+            heap.close_block(m)
+            bar.update(m)
+    bar.close()
+    return heap.result(offsets.to(heap.distances.dtype))
+
+
+def _scored_blocks(phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor], exclude: torch.Tensor | None,
+                   q_rows: int, g_rows: int) -> Iterator[tuple[slice, int, torch.Tensor]]:
+    """``(query rows, first key, φψᵀ)`` of every (query block × key block), key blocks in order, the
+    excluded pairs at −inf; keys kept in a wider dtype than φ (float64) are scored in that dtype."""
+    n_q, buffer, widened, k0 = phi.shape[0], None, None, 0
     for psi in _key_blocks(keys, g_rows):
-        if torch.promote_types(psi.dtype, phi.dtype) != phi.dtype:  # keys kept in float64: rank in float64
-            offsets, phi = offsets.to(psi.dtype), phi.to(psi.dtype)
-            heap.distances, buffer = heap.distances.to(psi.dtype), buffer.to(psi.dtype)
-        psi = psi.to(phi.dtype)
+        if torch.promote_types(psi.dtype, phi.dtype) != phi.dtype:
+            phi, buffer = phi.to(psi.dtype), None
+        if buffer is None:
+            buffer = torch.empty(q_rows * g_rows, dtype=phi.dtype, device=phi.device)
         m = psi.shape[0]
+        if psi.dtype != phi.dtype:  # narrower keys (float16): widened into one reused buffer
+            if widened is None or widened.shape[1] != psi.shape[1]:
+                widened = torch.empty(g_rows, psi.shape[1], dtype=phi.dtype, device=phi.device)
+            psi = widened[:m].copy_(psi)
         for q0 in range(0, n_q, q_rows):
             rows = slice(q0, min(n_q, q0 + q_rows))
-            # a row's top-k does not depend on its offset o(q): rank by the largest φᵀψ (torch's CPU
-            # top-k is faster for the largest), give −φᵀψ to the heap and add o(q) to the k results
             scores = torch.mm(phi[rows], psi.T, out=buffer[:(rows.stop - q0) * m].view(-1, m))
             _exclude(scores, exclude, rows, k0)
-            s, i = largest_k(scores, None, min(k, m))
-            heap.push_selected(rows, s.neg_(), i + k0)
-        heap.close_block(m)
+            yield rows, k0, scores
         k0 += m
-        bar.update(m)
-    bar.close()
-    return heap.result(offsets)
+
+
+def knn_within(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor], k: int,
+               slack: torch.Tensor, *, n_keys: int, exclude: torch.Tensor | None = None, allow: np.ndarray | None = None,
+               memory_budget: int = DEFAULT_MEMORY_BUDGET) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every key whose score o(q) − φ(q)ᵀψ(g) is within 2·``slack``(q) of the query's k-th smallest, in one pass.
+
+    When each score is within ``slack`` of a key's exact distance, these keys hold the exact top-k:
+    the shortlist of an exact re-rank (:class:`anchordiv.contexts.FeatureStore`). The k-th is
+    tracked block by block with :class:`TopK`; a key is kept while within the window of the k-th
+    found so far, which only tightens. ``allow`` (sorted positions) and ``exclude`` (n, e
+    positions, −1 none) restrict the keys as in :func:`restricted_knn`.
+
+    Returns
+    -------
+    queries, positions : 1-D int64 tensors
+        The (query, key position) pairs of the shortlists, queries ascending.
+    """
+    n_q, D = phi.shape
+    if allow is not None:
+        keys, n_keys = allowed_blocks(keys, allow), allow.size
+        exclude = None if exclude is None else _among(exclude, allow)
+    if exclude is not None and exclude.ndim == 1:
+        exclude = exclude[:, None]
+    q_rows, g_rows = block_shape(n_q, n_keys, D, phi.element_size(), k, memory_budget, True)
+    heap = TopK(n_q, k, phi.dtype, phi.device)
+    reach = (2 * slack).to(phi.dtype)
+    found_q, found_p, found_s = [], [], []
+    for rows, k0, scores in _scored_blocks(phi, keys, exclude, q_rows, g_rows):
+        m = scores.shape[1]
+        s, i = largest_k(scores, None, min(k, m))
+        heap.push_selected(rows, s.neg(), i + k0)
+        if rows.stop == n_q:
+            heap.close_block(m)
+        # φψ ≥ −(k-th best −φψ) − 2ε; the k-th is +inf until k keys are seen, which keeps every key.
+        # A query whose block top-k ends below that floor finds its window keys in the top-k.
+        floor = -heap.distances[rows, -1] - reach[rows]
+        whole = (s[:, -1] >= floor) if m > k else torch.zeros_like(floor, dtype=torch.bool)
+        q, c = torch.nonzero((s >= floor[:, None]) & ~whole[:, None], as_tuple=True)
+        found_q.append(q + rows.start)
+        found_p.append(i[q, c] + k0)
+        found_s.append(s[q, c])
+        if bool(whole.any()):
+            w = torch.nonzero(whole).flatten()
+            q, c = torch.nonzero(scores[w] >= floor[w, None], as_tuple=True)
+            found_q.append(w[q] + rows.start)
+            found_p.append(c + k0)
+            found_s.append(scores[w[q], c])
+    q, pos, score = torch.cat(found_q), torch.cat(found_p), torch.cat(found_s)
+    keep = score >= (-heap.distances[:, -1] - reach)[q]  # the window of the final k-th
+    q, pos = q[keep], pos[keep]
+    order = torch.argsort(q, stable=True)
+    q, pos = q[order], pos[order]
+    if allow is not None:
+        pos = torch.from_numpy(allow).to(pos.device)[pos]
+    return q, pos
+
+
+def _among(exclude: torch.Tensor, allow: np.ndarray) -> torch.Tensor:
+    """Excluded positions as positions among the sorted ``allow`` (−1 where not allowed)."""
+    ex = exclude.cpu().numpy()
+    at = np.clip(np.searchsorted(allow, ex), 0, max(0, allow.size - 1))
+    return torch.from_numpy(np.where((allow.size > 0) & (allow[at] == ex), at, -1)).to(exclude.device)
 
 
 def _knn_one_block(offsets: torch.Tensor, phi: torch.Tensor, psi: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -359,6 +437,31 @@ def distance_matrix(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor
         _scores(offsets, phi, psi.to(phi.dtype), out[:, k0:k0 + m])
         k0 += m
     return out
+
+
+def allowed_blocks(blocks: Iterable[torch.Tensor], allow: np.ndarray) -> Iterator[torch.Tensor]:
+    """The rows at sorted positions ``allow`` of the row blocks ``blocks`` (in position order), block by block."""
+    start = 0
+    for block in blocks:
+        lo, hi = np.searchsorted(allow, [start, start + block.shape[0]])
+        if hi > lo:
+            yield block[torch.from_numpy(allow[lo:hi] - start).to(block.device)]
+        start += block.shape[0]
+
+
+def restricted_knn(offsets: torch.Tensor, phi: torch.Tensor, blocks: Iterable[torch.Tensor], k: int, n: int, exclude: torch.Tensor | None,
+                   allow: np.ndarray | None, memory_budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k positions over the stored key ``blocks`` (``n`` rows), among the sorted positions
+    ``allow`` only when given; ``exclude`` (n_q, e) holds positions each query must skip."""
+    if allow is not None:
+        blocks, n = allowed_blocks(blocks, allow), allow.size
+        if exclude is not None:  # positions among the allowed rows
+            exclude = _among(exclude, allow)
+    d, p = knn(offsets, phi, blocks, k, n_keys=n, exclude=exclude, memory_budget=memory_budget,
+               keys_given=True, progress=False)
+    if allow is not None:
+        p = torch.from_numpy(allow).to(p.device)[p]
+    return d, p
 
 
 # ------------------------------------------------------------------- geometry
@@ -467,5 +570,5 @@ def check_same_set(Q: Any, G: Any, q: torch.Tensor, g: torch.Tensor) -> None:
     )
 
 
-__all__ = ["search", "knn", "distance_matrix", "smallest_k", "largest_k", "TopK", "block_shape", "key_feature_blocks",
+__all__ = ["search", "knn", "knn_within", "restricted_knn", "allowed_blocks", "distance_matrix", "smallest_k", "largest_k", "TopK", "block_shape", "key_feature_blocks",
            "DEFAULT_MEMORY_BUDGET"]

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .._backend import positive_int  # noqa: F401  (re-exported for the backends)
-from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, knn, smallest_k
+from ..exact import DEFAULT_MEMORY_BUDGET, NO_INDEX, allowed_blocks, restricted_knn, smallest_k
 
 
 def margin_value(value: Any) -> float:
@@ -239,32 +239,6 @@ def id_array(ids: Any, name: str) -> np.ndarray:
     if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
         raise ValueError(f"{name} must fit in int64.")
     return arr.astype(np.int64)
-
-
-def allowed_blocks(blocks, allow: np.ndarray):
-    """The rows at sorted positions ``allow`` of the row blocks ``blocks`` (in position order), block by block."""
-    start = 0
-    for block in blocks:
-        lo, hi = np.searchsorted(allow, [start, start + block.shape[0]])
-        if hi > lo:
-            yield block[torch.from_numpy(allow[lo:hi] - start).to(block.device)]
-        start += block.shape[0]
-
-
-def restricted_knn(offsets: torch.Tensor, phi: torch.Tensor, blocks, k: int, n: int, exclude: torch.Tensor | None,
-                   allow: np.ndarray | None, memory_budget: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact top-k positions over the stored key ``blocks`` (``n`` rows), among the sorted positions
-    ``allow`` only when given; ``exclude`` (n_q, e) holds positions each query must skip."""
-    if allow is not None:
-        blocks, n = allowed_blocks(blocks, allow), allow.size
-        if exclude is not None:  # positions among the allowed rows
-            at = np.clip(np.searchsorted(allow, exclude.cpu().numpy()), 0, n - 1)
-            exclude = torch.from_numpy(np.where(allow[at] == exclude.cpu().numpy(), at, -1)).to(exclude.device)
-    d, p = knn(offsets, phi, blocks, k, n_keys=n, exclude=exclude, memory_budget=memory_budget,
-               keys_given=True, progress=False)
-    if allow is not None:
-        p = torch.from_numpy(allow).to(p.device)[p]
-    return d, p
 
 
 def shortlist_size(shortlist: int | None, k: int, n: int) -> int:

@@ -159,6 +159,20 @@ class Geometry:
         """Hook: ψ(g) of checked compute tensor rows ``G`` (see :meth:`key_terms`)."""
         raise NotImplementedError
 
+    def _key_terms_in_dtype(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
+        """Hook: ψ(g) computed in the dtype of ``G`` throughout, without the float64 steps some
+        geometries take for accuracy (``key_terms(..., precise=False)``); by default :meth:`_key_terms`."""
+        return self._key_terms(G, symmetric)
+
+    def key_error_bound(self, dtype: torch.dtype, symmetric: bool = True) -> float:
+        """A bound on ‖ψ̂(g) − ψ(g)‖ for ψ̂ = ``key_terms(g, precise=False)`` computed in ``dtype``
+        (‖g‖ ≤ :data:`INPUT_NORM`), beyond what the float32 rounding bound
+        4(m + 2)·u·(|o(q)| + ‖φ(q)‖·max‖ψ‖) of :func:`anchordiv.testing.float32_rounding` covers.
+
+        0 for geometries whose precise and in-dtype features are the same computation.
+        """
+        return 0.0
+
     def _divergence(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -222,11 +236,16 @@ class Geometry:
             kind = replace(kind, dtype=phi.dtype)
         return kind.out(offsets), kind.out(phi)
 
-    def key_terms(self, G: Any, symmetric: bool = True, *, compute_dtype: bool = False) -> Any:
+    def key_terms(self, G: Any, symmetric: bool = True, *, compute_dtype: bool = False, precise: bool = True) -> Any:
         """ψ(g), the key feature map: d(q, g) = o(q) − φ(q)ᵀψ(g) (see :meth:`query_terms`,
-        also for ``compute_dtype``)."""
+        also for ``compute_dtype``).
+
+        ``precise=False`` computes in the input's dtype throughout (softmax: one float32 GEMM of
+        logits and float32 element-wise work instead of float64 log-probabilities), for builds
+        whose searches re-rank exactly; the extra error is at most :meth:`key_error_bound`.
+        """
         t, kind = self._input(G, "G")
-        psi = self._key_terms(t, symmetric)
+        psi = self._key_terms(t, symmetric) if precise else self._key_terms_in_dtype(t, symmetric)
         return kind.out(psi) if not compute_dtype else replace(kind, dtype=psi.dtype).out(psi)
 
     def query_features(self, Q: Any, symmetric: bool = True) -> Any:

@@ -17,6 +17,8 @@ from .params import Param
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Rows per block of the streamed log-sum-exp; one (rows × anchor_batch_size) logits buffer is reused.
 ROW_BLOCK = 4096
+#: λ of the probabilistic rounding bound λ√n·u of a dot product of length n (Higham & Mary 2019).
+ROUNDING_LAMBDA = 8.0
 
 
 def attention_grad(eta: torch.Tensor, anchors: torch.Tensor, log_weights: torch.Tensor, uniform: bool) -> torch.Tensor:
@@ -121,12 +123,12 @@ class Softmax(AnchorModel):
         return torch.addmm(in_dtype(self.log_weights_, X.dtype), X / self.tau_, in_dtype(self.anchors_, X.dtype).T)
 
     # --------------------------------------------------- probability features
-    def _log_probs(self, X: torch.Tensor) -> torch.Tensor:
-        """log P(i | λ) in float64: log w_i + λᵀγ_i/τ − κ, for every anchor."""
-        logits = concat([torch.addmm(self.log_weights_.to(torch.float64), x.to(torch.float64) / self.tau_,
-                                        self.anchors_.to(torch.float64).T)
-                            for x in (X[sl] for sl in self._chunks(X.shape[0], "softmax"))])
-        return logits - torch.logsumexp(logits, dim=1, keepdim=True)
+    def _log_probs(self, X: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """log P(i | λ) = log w_i + λᵀγ_i/τ − κ for every anchor, computed in ``dtype`` (float64 by default)."""
+        log_w, gamma = self.log_weights_.to(dtype), self.anchors_.to(dtype)
+        logits = concat([torch.addmm(log_w, x.to(dtype), gamma.T, alpha=1 / self.tau_)
+                         for x in (X[sl] for sl in self._chunks(X.shape[0], "softmax"))])
+        return logits.sub_(torch.logsumexp(logits, dim=1, keepdim=True))
 
     def _probability_terms(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(a p, log p / a, pᵀlog p) in the dtype of ``X``, or in float64 with a warning where
@@ -156,6 +158,35 @@ class Softmax(AnchorModel):
             return super()._key_terms(G, symmetric)
         p, logp, cross = self._probability_terms(G)
         return require_finite(torch.cat([logp, p, -cross[:, None]], dim=1), self, "key features")
+
+    def _key_terms_in_dtype(self, G: torch.Tensor, symmetric: bool) -> torch.Tensor:
+        """ψ = [log p / a, a p, −pᵀlog p] from one GEMM of logits in the dtype of ``G``, written
+        into one buffer (the float64 log-probabilities of :meth:`_key_terms` are skipped)."""
+        if not symmetric or self.feature_space_ != "probabilities":
+            return super()._key_terms(G, symmetric)
+        logp, a, n = self._log_probs(G, G.dtype), self.feature_scale_, self.n_anchors_
+        psi = G.new_empty(G.shape[0], 2 * n + 1)
+        p = torch.exp(logp, out=psi[:, n:2 * n])
+        psi[:, 2 * n] = -(p * logp).sum(1)
+        p.mul_(a)
+        torch.mul(logp, 1 / a, out=psi[:, :n])
+        return require_finite(psi, self, "key features")
+
+    def key_error_bound(self, dtype: torch.dtype, symmetric: bool = True) -> float:
+        """In-dtype probability features. With unit roundoff u and the probabilistic bound
+        λ√n·u of a length-n dot product (Higham & Mary 2019; λ = :data:`ROUNDING_LAMBDA`, failing
+        with probability below 2exp(−λ²/2) ≈ 1e-14 per logit), a logit λᵀγ_i/τ + log w_i is off by
+        at most e_l = λ√d·u·RG/τ + 2u·S (S = RG/τ + max|log w|, the largest logit), log p_i by
+        e = 2e_l + (λ√N + 2)·u·2S (the log-sum-exp too), p_i by p_i(e + 2u), and ψ = [log p/a, a p,
+        −pᵀlog p] by √(N e²/a² + a²(e + 2u)² + ((e + 2u) log N + e)²) (Σ p_i |log p_i| ≤ log N)."""
+        if not symmetric or self.feature_space_ != "probabilities" or dtype == torch.float64:
+            return 0.0
+        u, lam = torch.finfo(dtype).eps / 2, ROUNDING_LAMBDA
+        logit = self._grad_norm_bound() * self.INPUT_NORM / self.tau_
+        span = logit + float(self.log_weights_.abs().max())
+        n, a = self.n_anchors_, self.feature_scale_
+        e = 2 * (lam * math.sqrt(self.dim_) * u * logit + 2 * u * span) + (lam * math.sqrt(n) + 2) * u * 2 * span
+        return math.sqrt(n * e * e / a ** 2 + (a * (e + 2 * u)) ** 2 + ((e + 2 * u) * math.log(n) + e) ** 2)
 
     def _flops_per_row(self) -> float:
         return 4.0 * self.n_anchors_ * self.dim_

@@ -1,0 +1,10 @@
+"""Live contexts: a new notion of similarity over a fixed collection, ready after one pass over it.
+
+The embeddings never change; only the anchors do. A context (anchors, geometry, τ,
+parameters, symmetric) over a collection is its key features ψ, built by streaming the
+collection's memory-mapped shards (:mod:`anchordiv.contexts.store`) and searched exactly.
+"""
+
+from .store import Cancelled, FeatureStore, IndexStore, compact, context_store
+
+__all__ = ["FeatureStore", "IndexStore", "Cancelled", "context_store", "compact"]

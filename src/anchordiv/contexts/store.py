@@ -1,0 +1,303 @@
+"""The key features of one context over a whole collection, streamed from its shards and searched exactly.
+
+A context (a fitted geometry, ``symmetric``) over a collection of n rows is the n × m matrix of
+its key features ψ (Kannan, Park, Veitch 2026, eq. F.1 as an inner product:
+d(q, g) = o(q) − φ(q)ᵀψ(g)). For few anchors ψ is small: 2N + 1 numbers for softmax with
+N ≤ d (the probability features), r + 1 for a latent Gaussian of rank r. So a new context
+costs one pass over the rows, one GEMM per block, and a query one scan of n × m numbers.
+
+* :class:`FeatureStore` (``path = "scan"``): the rows are streamed in ``memory_budget``
+  blocks (memory-mapped float16 or float32 shards, :class:`anchordiv.io.MappedRows`), ψ is
+  computed in float32 (``key_terms(..., precise=False)``) and stored in float16 where it
+  fits (its rounding residual kept beside it), else float32. A search scans the float16 ψ
+  with the exact core (:func:`anchordiv.exact.knn_within`, one pass), which keeps every row
+  whose scanned distance is within 2ε of the k-th, ε(q) a bound on the scan's error
+  (:meth:`FeatureStore.slack`); those rows are re-ranked in float64 with the residual
+  added back, so the result is the exact top-k over the float32 features, as the exact
+  index backend's.
+* :class:`IndexStore` (``path = "index"``): a geometry without a compact form (softmax with
+  N > d, a mixture: 2d + 1 features) goes the existing way, an :class:`anchordiv.Index` of
+  a registered backend filled block by block.
+
+:func:`context_store` picks the path. Both build with progress, can be cancelled, and are
+searched with ``search(Q, k, allow=, exclude=)`` over row positions.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._backend import positive_int
+from ..exact import DEFAULT_MEMORY_BUDGET, KEY_SHARE, NO_INDEX, exclusions, knn_within, smallest_k
+from ..io.mapped import MappedRows, as_rows
+
+#: Rows per block of a build at most (a float32 block of 512-d rows then fits in the last-level cache).
+BUILD_ROWS = 8192
+#: Largest feature magnitude stored in float16 (its largest finite value is 65504).
+FLOAT16_LIMIT = 6.0e4
+#: Unit roundoff of float32 (the scan's arithmetic) and of float16 storage, and half the least float16 subnormal.
+U32, U16, TINY16 = 2.0 ** -24, 2.0 ** -11, 2.0 ** -25
+
+Progress = Callable[[int, int], None]
+
+
+class Cancelled(RuntimeError):
+    """A build stopped by its ``cancel`` event."""
+
+
+def _checked_rows(rows: Any) -> MappedRows:
+    rows = as_rows(rows)
+    if len(rows) == 0:
+        raise ValueError("rows is empty; a context needs at least one collection row.")
+    return rows
+
+
+def _block_rows(dim: int, width: int, memory_budget: int) -> int:
+    """Rows per build block: a float32 copy of the rows and the feature transients within the key share."""
+    per_row = 4 * dim + 4 * width * 5
+    return max(1, min(BUILD_ROWS, int(memory_budget * KEY_SHARE) // per_row))
+
+
+class _Store:
+    """What both paths share: the model, the rows, progress and the build loop's bookkeeping."""
+
+    path: str = ""
+
+    def __init__(self, model: Any, rows: Any, symmetric: bool, memory_budget: int):
+        self.model, self.rows, self.symmetric = model, _checked_rows(rows), bool(symmetric)
+        self.memory_budget = positive_int(memory_budget, "memory_budget")
+        dim = getattr(model, "dim_", self.rows.shape[1])
+        if self.rows.shape[1] != dim:
+            raise ValueError(f"the rows have dimension {self.rows.shape[1]} but the model was fitted on "
+                             f"{dim}; embed the anchors with the collection's encoder.")
+        self.done = 0
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    @property
+    def progress(self) -> float:
+        """Share of the rows whose features are built, in [0, 1]."""
+        return self.done / self.n
+
+    @property
+    def ready(self) -> bool:
+        return self.done == self.n
+
+    def _stream(self, width: int, progress: Progress | None, cancel: threading.Event | None):
+        """``(start, float32 rows)`` blocks of the whole collection, with progress and cancellation."""
+        start_time = time.perf_counter()
+        step = _block_rows(self.rows.shape[1], width, self.memory_budget)
+        for start, block in self.rows.blocks(step):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("the build was cancelled")
+            yield start, torch.from_numpy(np.asarray(block, dtype=np.float32))
+            self.done = start + block.shape[0]
+            self.seconds = time.perf_counter() - start_time
+            if progress is not None:
+                progress(self.done, self.n)
+
+    def _check_ready(self) -> None:
+        if not self.ready:
+            raise RuntimeError(f"the context is still building ({100 * self.progress:.0f}% of {self.n} rows); "
+                               "wait for build() to finish before searching.")
+
+    def _queries(self, Q: Any, k: int, exclude: Any, allow: Any):
+        """Checked query rows, k, exclusions (n_q, e) and the sorted allowed positions."""
+        q, kind = self.model.check_input(Q, "Q")
+        k = positive_int(k, "k")
+        ex = None if exclude is None else exclusions(exclude, q.shape[0], self.n, torch.device("cpu"))
+        al = None
+        if allow is not None:
+            al = np.unique(np.asarray(allow, dtype=np.int64).reshape(-1))
+            if al.size and (al[0] < 0 or al[-1] >= self.n):
+                raise ValueError(f"allow holds rows outside [0, {self.n}); pass collection row numbers.")
+        pool = self.n if al is None else al.size
+        if ex is not None:
+            inside = ex if al is None else torch.from_numpy(np.where(np.isin(ex.numpy(), al), ex.numpy(), -1))
+            pool -= int(inside.ge(0).sum(1).max())
+        if k > pool:
+            raise ValueError(f"k={k} exceeds the {pool} rows left to search; pass k <= {pool}.")
+        return q, kind, k, ex, al, pool
+
+
+class FeatureStore(_Store):
+    """The compact key features of one context over ``rows``, searched exactly (see the module doc).
+
+    Parameters
+    ----------
+    model : Geometry
+        A fitted geometry.
+    rows : MappedRows or array (n, d)
+        The collection's embeddings (memory-mapped shards, or an array).
+    symmetric : bool
+        Rank by ½[d(q‖g) + d(g‖q)] (eq. F.1) when True.
+    storage : {"auto", "float16", "float32"}
+        How the features are kept. ``"float16"``: ψ rounded to float16 (``high``), scanned, and
+        the rounding residual ψ − high in float16 (``low``), read only for the shortlist, so that
+        the re-rank sees ψ to within about 4 float32 roundoffs. ``"float32"``: ψ itself. ``"auto"``:
+        float16 unless a feature exceeds :data:`FLOAT16_LIMIT`.
+    memory_budget : int
+        Bytes of one build block and of one block of a scan.
+    """
+
+    path = "scan"
+
+    def __init__(self, model: Any, rows: Any, *, symmetric: bool = True, storage: str = "auto",
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET):
+        super().__init__(model, rows, symmetric, memory_budget)
+        if storage not in ("auto", "float16", "float32"):
+            raise ValueError(f"storage must be 'auto', 'float16' or 'float32', got {storage!r}.")
+        self.requested = storage
+        self.storage = torch.float32 if storage == "float32" else torch.float16
+        self.width = int(model.key_terms(self.rows[:1].astype(np.float32), self.symmetric,
+                                         compute_dtype=True, precise=False).shape[1])
+        self.high = self.low = torch.empty(0, self.width, dtype=self.storage)
+        self.key_norm = 0.0
+        self.shortlists: list[int] = []
+
+    @property
+    def nbytes(self) -> int:
+        return self.n * self.width * 4
+
+    @property
+    def scanned_bytes(self) -> int:
+        """Bytes one scan reads: the float16 or float32 features of every row."""
+        return self.n * self.width * self.high.element_size()
+
+    def build(self, progress: Progress | None = None, cancel: threading.Event | None = None) -> "FeatureStore":
+        """Compute and store ψ of every row, one block (one GEMM) at a time; returns self."""
+        high = torch.empty(self.n, self.width, dtype=self.storage)
+        low = torch.empty(self.n, self.width, dtype=torch.float16) if self.storage == torch.float16 else None
+        norm = 0.0
+        for start, x in self._stream(self.width, progress, cancel):
+            psi = self.model.key_terms(x, self.symmetric, compute_dtype=True, precise=False).float()
+            stop = start + psi.shape[0]
+            norm = max(norm, float(psi.norm(dim=1).max()))
+            if low is not None and float(psi.abs().max()) > FLOAT16_LIMIT:
+                if self.requested == "float16":
+                    raise ValueError(f"key features reach {float(psi.abs().max()):.3g}, beyond float16's range; "
+                                     "build with storage='float32' (or 'auto').")
+                high, low = _widened(high, low, start), None
+                self.storage = torch.float32
+            high[start:stop] = psi
+            if low is not None:
+                torch.sub(psi, high[start:stop].float(), out=psi)
+                low[start:stop] = psi
+        self.high, self.low, self.key_norm = high, low, norm
+        return self
+
+    def slack(self, offsets: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
+        """ε(q) ≥ |scanned − re-ranked distance| for every stored row, per query (float64): the float32
+        rounding bound 4(m + 2)·u·(|o| + ‖φ‖Ψ) of the scan (Ψ the largest ‖ψ‖, m columns), plus, for
+        float16 storage, ‖φ‖·(u₁₆Ψ + √m·t₁₆) for the residual that only the re-rank reads (u₁₆ float16's
+        unit roundoff, t₁₆ half its least subnormal)."""
+        m, psi_norm = self.width, self.key_norm
+        phi_norm = phi.norm(dim=1)
+        eps = 4 * (m + 2) * U32 * (offsets.abs() + phi_norm * psi_norm)
+        if self.low is not None:
+            eps = eps + phi_norm * (U16 * psi_norm + math.sqrt(m) * TINY16)
+        return eps * (1 + 1e-6)
+
+    def search(self, Q: Any, k: int = 10, *, allow: Any = None, exclude: Any = None) -> tuple[Any, Any]:
+        """Exact top-k rows of each query: ``(distances, rows)``, ascending, ties to the lower row.
+
+        ``allow``: the only rows to search (row numbers); ``exclude``: (|Q|, e) rows each
+        query skips (−1: none). Numpy in, numpy out.
+        """
+        self._check_ready()
+        q, kind, k, ex, allow, _ = self._queries(Q, k, exclude, allow)
+        offsets, phi = self.model.query_terms(q.double(), self.symmetric, compute_dtype=True)
+        eps = self.slack(offsets, phi)
+        who, rows = knn_within(offsets.float(), phi.float(), [self.high], k, eps, n_keys=self.n, exclude=ex,
+                               allow=allow, memory_budget=self.memory_budget)
+        self.shortlists.append(int(rows.numel()) // max(1, q.shape[0]))
+        dist, found = self._rerank(offsets, phi, who, rows, k)
+        return kind.out(dist), (found.numpy() if kind.is_numpy else found)
+
+    def stored(self, rows: torch.Tensor) -> torch.Tensor:
+        """ψ of stored ``rows`` in float64 (float16 storage: the high part plus its residual)."""
+        psi = self.high[rows].double()
+        return psi if self.low is None else psi.add_(self.low[rows].double())
+
+    def _rerank(self, offsets: torch.Tensor, phi: torch.Tensor, who: torch.Tensor, rows: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top-k in float64 of each query's shortlist (query ``who[j]`` keeps row ``rows[j]``)."""
+        n_q = offsets.shape[0]
+        d = offsets[who] - (phi[who] * self.stored(rows)).sum(1)
+        counts = torch.bincount(who, minlength=n_q)
+        width = int(counts.max())
+        slot = torch.arange(who.numel()) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        table = torch.full((n_q, width), math.inf, dtype=torch.float64)
+        index = torch.full((n_q, width), NO_INDEX, dtype=torch.int64)
+        table[who, slot], index[who, slot] = d, rows
+        return smallest_k(table, index, k)
+
+
+def _widened(high: torch.Tensor, low: torch.Tensor, rows: int) -> torch.Tensor:
+    """float32 features: the first ``rows`` of float16 ``high`` + ``low``, room for the rest."""
+    out = torch.empty(high.shape, dtype=torch.float32)
+    out[:rows] = high[:rows].float() + low[:rows].float()
+    return out
+
+
+class IndexStore(_Store):
+    """A context on the index path: an :class:`anchordiv.Index` of ``backend`` filled block by block
+    (ids are row numbers); for geometries without a compact feature form."""
+
+    path = "index"
+
+    def __init__(self, model: Any, rows: Any, *, symmetric: bool = True, backend: str = "exact",
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET, **params: Any):
+        from ..index import Index
+
+        super().__init__(model, rows, symmetric, memory_budget)
+        self.index = Index(model, backend, symmetric=self.symmetric, **params)
+        self.width = int(model.key_terms(self.rows[:1].astype(np.float32), self.symmetric).shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.n * self.width * 4
+
+    def build(self, progress: Progress | None = None, cancel: threading.Event | None = None) -> "IndexStore":
+        """Add every row to the index, a block at a time; returns self."""
+        for start, x in self._stream(self.width, progress, cancel):
+            self.index.add(x, ids=np.arange(start, start + x.shape[0]))
+        return self
+
+    def search(self, Q: Any, k: int = 10, *, allow: Any = None, exclude: Any = None) -> tuple[Any, Any]:
+        """Top-k rows of each query by :meth:`anchordiv.Index.search` (exact for the exact backend)."""
+        self._check_ready()
+        q, kind, k, ex, allow, _ = self._queries(Q, k, exclude, allow)
+        d, ids = self.index.search(q, k=k, filter=allow, exclude=None if ex is None else ex)
+        return kind.out(torch.as_tensor(d)), (ids if kind.is_numpy else torch.from_numpy(np.asarray(ids)))
+
+
+def compact(model: Any, dim: int, symmetric: bool = True) -> bool:
+    """Whether a context's features are no wider than a row of ``dim`` numbers plus one (softmax with
+    N ≤ d, latent and Gaussian models, cosine): then :class:`FeatureStore` scans them."""
+    row = np.zeros((1, dim), dtype=np.float32)
+    row[0, 0] = 1.0
+    return int(model.key_terms(row, symmetric, compute_dtype=True, precise=False).shape[1]) <= dim + 1
+
+
+def context_store(model: Any, rows: Any, *, symmetric: bool = True, backend: str = "exact", storage: str = "auto",
+                  memory_budget: int = DEFAULT_MEMORY_BUDGET, **params: Any) -> FeatureStore | IndexStore:
+    """The store of a new context, not yet built: a :class:`FeatureStore` when the geometry's
+    features are compact (:func:`compact`), else an :class:`IndexStore` of ``backend``."""
+    if compact(model, as_rows(rows).shape[1], symmetric):
+        return FeatureStore(model, rows, symmetric=symmetric, storage=storage, memory_budget=memory_budget)
+    return IndexStore(model, rows, symmetric=symmetric, backend=backend, memory_budget=memory_budget, **params)
+
+
+__all__ = ["FeatureStore", "IndexStore", "Cancelled", "context_store", "compact"]
