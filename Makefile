@@ -29,7 +29,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: $(VENV)/.demo
 	$(PIP) install -e '.[test]'
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
-	command -v npm >/dev/null && $(PY) -m anchordiv.emoji >/dev/null || echo "npm missing: emoji pictures not fetched"
+	command -v npm >/dev/null && $(PY) -m anchordiv.apps.emoji >/dev/null || echo "npm missing: emoji pictures not fetched"
 	# clip-retrieval's own ClipClient for the clip-back tests, unpacked beside the venv: its
 	# package pins numpy<2 and imports a server stack, so only its client module is loaded.
 	rm -rf $(CLIP_RETRIEVAL) $(CLIP_RETRIEVAL)-wheel

@@ -100,7 +100,7 @@ def cluster_radius(X: torch.Tensor, seed: int = 0) -> float:
 
 
 def scene_texts(n_texts: int, n_anchors: int) -> list[str]:
-    from anchordiv.demo import make_scene_collection
+    from anchordiv.apps.demo import make_scene_collection
 
     return make_scene_collection(n_texts, seed=0)[0] + make_scene_collection(n_anchors, seed=1)[0]
 

@@ -38,7 +38,7 @@ import anchordiv as ad  # noqa: E402
 from anchordiv.anchorsfile import EmbeddedAnchors  # noqa: E402
 from anchordiv.io import Collection  # noqa: E402
 from anchordiv.serve import ServerThread, Service, create_app  # noqa: E402
-from anchordiv.serve.demo import build_demo_service  # noqa: E402
+from anchordiv.apps.serve_demo import build_demo_service  # noqa: E402
 
 BREEDS = ["husky", "corgi", "poodle", "dalmatian", "beagle", "pug"]
 PLACES = ["beach", "mountain trail", "city street", "forest", "kitchen", "park"]

@@ -1,9 +1,9 @@
 """The paper's object x style experiments (Figures 3 and 8, Tables 2 and 3) on emoji pictures.
 
-Data: the held-out emoji of ``anchordiv.emoji`` (objects never seen in training, 20 % of
+Data: the held-out emoji of ``anchordiv.apps.emoji`` (objects never seen in training, 20 % of
 the names, each drawn by Google and by Twitter), as an image folder
 ``<data>/emoji/held_out/<short_name>/<vendor>.png`` (links into the npm cache), embedded
-with the committed emoji CLIP (``anchordiv.emoji.CLIP_SPEC``) by
+with the committed emoji CLIP (``anchordiv.apps.emoji.CLIP_SPEC``) by
 ``anchordiv.io.embed_collection`` (what ``anchordiv embed`` runs) with the labels
 ``object`` (the emoji name) and ``style`` (the vendor).
 
@@ -18,7 +18,7 @@ cosine and ITI).
 
 Usage::
 
-    .venv/bin/python scripts/emoji_experiments.py     # npm cache from python -m anchordiv.emoji
+    .venv/bin/python scripts/emoji_experiments.py     # npm cache from python -m anchordiv.apps.emoji
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     C.setup(args.threads)
 
-    from anchordiv import emoji
+    from anchordiv.apps import emoji
     from anchordiv import experiments as ex
     from anchordiv.io import embed_collection, load_collection
 

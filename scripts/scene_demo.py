@@ -1,8 +1,8 @@
-"""Every protocol on the demo's compositional scene collection (``anchordiv.demo``).
+"""Every protocol on the demo's compositional scene collection (``anchordiv.apps.demo``).
 
 The collection: generated one-sentence scenes in which a dog breed, a place and a piece
-of clothing vary independently (:func:`anchordiv.demo.make_scene_collection`). Anchor
-sets: three prompts per value of each factor (:func:`anchordiv.demo.scene_anchor_sets`
+of clothing vary independently (:func:`anchordiv.apps.demo.make_scene_collection`). Anchor
+sets: three prompts per value of each factor (:func:`anchordiv.apps.demo.scene_anchor_sets`
 with design ``prompts3``, 18 phrases per factor), plus, for ``adaptation``, a broad set
 of generic dog and scene phrases written here that never names the six breeds, places
 or garments of the collection.
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     C.setup(args.threads)
 
     from anchordiv import experiments as ex
-    from anchordiv.demo import ANCHOR_FACTORS, make_scene_collection, scene_anchor_sets
+    from anchordiv.apps.demo import ANCHOR_FACTORS, make_scene_collection, scene_anchor_sets
 
     enc = C.load_encoder(args.encoder)
     texts, labels = make_scene_collection(args.n, seed=args.seed)

@@ -3,11 +3,11 @@
 The model is an OpenCLIP ``CLIP`` built from the config ``anchordiv-emoji`` (a 4-layer
 ViT on 64 px images with 8 px patches, a 4-layer text transformer, 128-d embeddings),
 registered with ``open_clip.add_model_config``. Each image is paired with a caption
-drawn from ``anchordiv.emoji``'s templates: object and style (60 %), object only (20 %)
+drawn from ``anchordiv.apps.emoji``'s templates: object and style (60 %), object only (20 %)
 or style only (20 %). A caption is a positive for every image in the batch whose object
 and style it names, so the loss is InfoNCE with several positives per row (the target
 of each row of the similarity matrix is uniform over its positives). The held-out split
-is by emoji name (``anchordiv.emoji.is_held_out``, 20 %): the test objects are never
+is by emoji name (``anchordiv.apps.emoji.is_held_out``, 20 %): the test objects are never
 seen, in any style, during training.
 
 Writes ``OUT/anchordiv-emoji.json`` (the OpenCLIP config) and ``OUT/anchordiv-emoji.pt``
@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from anchordiv import emoji  # noqa: E402
+from anchordiv.apps import emoji  # noqa: E402
 
 VISION = {"image_size": 64, "layers": 4, "width": 64, "head_width": 32, "patch_size": 8}
 #: text tower -> (architecture name, OpenCLIP config). ``minilm`` is all-MiniLM-L6-v2 (frozen,
@@ -125,7 +125,7 @@ def main() -> None:
     p.add_argument("--text-tower", choices=sorted(CONFIGS), default="minilm",
                    help="'minilm': frozen all-MiniLM-L6-v2 and a learned projection (default); "
                         "'scratch': a text transformer trained from scratch")
-    p.add_argument("--cache", type=Path, default=None, help="emoji cache (default: anchordiv.emoji.default_cache())")
+    p.add_argument("--cache", type=Path, default=None, help="emoji cache (default: anchordiv.apps.emoji.default_cache())")
     p.add_argument("--out", type=Path, default=Path.home() / ".cache" / "anchordiv" / "emoji-clip-train")
     p.add_argument("--minutes", type=float, default=9.0, help="training time budget (default: 9)")
     p.add_argument("--batch-names", type=int, default=64, help="emoji per batch, each in every style (default: 64)")
@@ -139,7 +139,7 @@ def main() -> None:
     import open_clip
 
     from anchordiv.encoders import minilm_path
-    from anchordiv.encoders._base import open_rgb
+    from anchordiv.encoders import open_rgb
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -108,6 +108,26 @@ def test_no_import_cycle_through_imports_inside_functions():
     assert cycle is None, _chain(cycle)
 
 
+#: The applications: they import the library, and the library does not import them.
+APPS = "anchordiv.apps"
+#: Modules that may start an application: the command line, inside its command functions only.
+APP_ENTRY_POINTS = {"anchordiv.cli.demo"}
+
+
+def _in_apps(name: str) -> bool:
+    return name == APPS or name.startswith(APPS + ".")
+
+
+def test_the_library_does_not_import_the_apps():
+    at_import = {name: sorted(filter(_in_apps, targets)) for name, targets in _graph().items() if not _in_apps(name)}
+    assert {name: apps for name, apps in at_import.items() if apps} == {}
+    deferred = _graph(deferred=True)
+    anywhere = {name: sorted(filter(_in_apps, targets)) for name, targets in deferred.items()
+                if not _in_apps(name) and name not in APP_ENTRY_POINTS}
+    assert {name: apps for name, apps in anywhere.items() if apps} == {}
+    assert "anchordiv.apps.demo" in deferred["anchordiv.cli.demo"]  # the check sees the entry point's imports
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}}) == ["a.x", "a.y", "a.z", "a.x"]
     assert _cycle({"a.x": {"a.y"}, "a.y": set()}) is None

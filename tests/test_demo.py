@@ -1,4 +1,4 @@
-"""Tests for anchordiv.demo: the scene collection, the anchor sets and an end-to-end run.
+"""Tests for anchordiv.apps.demo: the scene collection, the anchor sets and an end-to-end run.
 
 The end-to-end run uses the real ``minilm`` encoder (offline, from its PyPI package) on a
 small collection; it is skipped when the encoder's packages are not installed.
@@ -16,7 +16,7 @@ from html.parser import HTMLParser  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from anchordiv.demo import (  # noqa: E402
+from anchordiv.apps.demo import (  # noqa: E402
     ANCHOR_DESIGNS,
     ANCHOR_FACTORS,
     BREEDS,

@@ -1,11 +1,11 @@
-"""Emoji pictures (``anchordiv.emoji``), the committed emoji CLIP and the image demo.
+"""Emoji pictures (``anchordiv.apps.emoji``), the committed emoji CLIP and the image demo.
 
 The data tests and the demo run on a small generated folder in the npm packages' layout
 (``<vendor>/emoji.json``, ``<vendor>/img/<vendor>/64/*.png``): coloured shapes, filled for
 one vendor and outlined for the other. The encoder tests load the committed checkpoint
 through ``anchordiv.encoders.load`` and compare its text and image paths with independent
 float64 computations from the weights (and with OpenCLIP where it is installed). The quality test reads the real emoji from
-the npm cache (``python -m anchordiv.emoji``), never the network.
+the npm cache (``python -m anchordiv.apps.emoji``), never the network.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from anchordiv import emoji
+from anchordiv.apps import emoji
 
 PIL = pytest.importorskip("PIL")
 from PIL import Image, ImageDraw  # noqa: E402
@@ -88,7 +88,7 @@ def test_load_keeps_emoji_every_vendor_draws(tmp_path):
 
 
 def test_load_without_files_names_the_fetch_command(tmp_path):
-    with pytest.raises(FileNotFoundError, match="python -m anchordiv.emoji"):
+    with pytest.raises(FileNotFoundError, match="python -m anchordiv.apps.emoji"):
         emoji.load(tmp_path)
 
 
@@ -132,7 +132,7 @@ def test_fetch_unpacks_only_the_64px_images_of_a_pinned_tarball(tmp_path, monkey
 
 
 def test_open_rgb_puts_transparent_pixels_on_white(tmp_path):
-    from anchordiv.encoders._base import open_rgb
+    from anchordiv.encoders import open_rgb
 
     Image.new("RGB", (3, 2), (10, 20, 30)).save(tmp_path / "rgb.png")
     assert np.asarray(open_rgb(tmp_path / "rgb.png")).tolist() == [[[10, 20, 30]] * 3] * 2  # read after close
@@ -231,7 +231,7 @@ def vit_float64(state: dict, pixels: np.ndarray) -> np.ndarray:
 
 
 def test_image_tower_equals_the_vit_in_float64(clip, state, tree):
-    from anchordiv.encoders._base import open_rgb
+    from anchordiv.encoders import open_rgb
 
     pics = emoji.load(tree)[:4]
     rgb = np.stack([np.asarray(open_rgb(e.path), dtype=np.float64) / 255 for e in pics])
@@ -279,7 +279,7 @@ def test_equals_open_clip_where_it_is_installed(clip, state, tree):
     model.eval()
     texts = ["a red apple emoji", "an emoji in google style"]
     pics = [e.path for e in emoji.load(tree)[:3]]
-    from anchordiv.encoders._base import open_rgb
+    from anchordiv.encoders import open_rgb
 
     with torch.no_grad():
         ref_t = model.encode_text(open_clip.get_tokenizer(emoji.CLIP_ARCH)(texts), normalize=True).numpy()
@@ -311,7 +311,7 @@ def _average_precision(scores: np.ndarray, relevant: np.ndarray) -> float:
 
 
 def test_image_demo_table_report_and_thumbnails(clip, tree, tmp_path):
-    from anchordiv.image_demo import run_image_demo
+    from anchordiv.apps.image_demo import run_image_demo
 
     res = run_image_demo(tmp_path / "out", encoder=clip, cache=tree, k=3, n_queries=2, echo=None)
     table = res["auprc"]
@@ -352,13 +352,13 @@ def test_demo_images_command(tree, tmp_path, monkeypatch):
     assert "softmax · objects" in res.output and (out / "index.html").is_file()
     monkeypatch.setenv("ANCHORDIV_EMOJI", str(tmp_path / "nothing"))
     res = CliRunner().invoke(cli, ["demo", "--images", "--out", str(out)])
-    assert res.exit_code != 0 and "python -m anchordiv.emoji" in res.output
+    assert res.exit_code != 0 and "python -m anchordiv.apps.emoji" in res.output
 
 
 def test_image_demo_service_serves_thumbnails_and_both_contexts(clip, tree):
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
-    from anchordiv.image_demo import build_image_demo_service
+    from anchordiv.apps.image_demo import build_image_demo_service
     from anchordiv.serve import ServerThread, create_app
 
     svc = build_image_demo_service(encoder=clip, cache=tree)
@@ -414,7 +414,7 @@ def test_image_demo_page_shows_thumbnails_in_a_browser(clip, tree):
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.skip("Debian's chromium is not installed (make setup installs it)")
-    from anchordiv.image_demo import build_image_demo_service
+    from anchordiv.apps.image_demo import build_image_demo_service
     from anchordiv.serve import ServerThread, create_app
 
     svc = build_image_demo_service(encoder=clip, cache=tree)

@@ -40,7 +40,7 @@ QUERY_ROW = 7
 
 @pytest.fixture(scope="module")
 def demo():
-    from anchordiv.serve.demo import demo_service
+    from anchordiv.apps.serve_demo import demo_service
 
     try:
         return demo_service(360, 0, "minilm")
@@ -109,7 +109,8 @@ def test_contexts_describe_sets_models_and_collection(client, demo):
     assert (c["n"], c["dim"], c["kind"], c["encoder"]) == (360, 384, "text", "minilm")
     assert c["label_columns"] == ["breed", "place", "clothing"] and "husky" in c["labels"]["breed"]
     assert c["text_queries"] and not c["image_queries"] and not c["has_images"]
-    assert info["limits"] == {"max_k": 1000, "max_text": 1000, "max_context": 500, "max_image_bytes": 10 * 2**20}
+    assert info["limits"] == {"max_k": 1000, "max_text": 1000, "max_context": 500, "max_image_bytes": 10 * 2**20,
+                              "max_anchors": 256, "max_anchor_chars": 300, "max_contexts": 32}
     assert info["default"] == {"name": "softmax:breeds", "model": "softmax", "anchors": "breeds",
                                "tau": pytest.approx(0.05), "k": 12}
     assert info["names"] == client.get("/indices-list").json()
@@ -184,7 +185,7 @@ def test_mixture_slider_moves_the_neighbourhood(client, demo):
         data = client.post("/api/search", json={"row": row, "context": ctx, "k": 10}).json()
         near[p] = ids(data)
         assert near[p] == expected(demo, fitted(demo, "softmax", ctx if 0 < p < 1 else
-                                                ("breeds" if p else "places")), demo.G[row].numpy(), 10, row)[1]
+                                                ("breeds" if p else "places")), demo.rows[row], 10, row)[1]
     assert data["context"]["anchors"] == "places"  # a zero share drops the set
     assert all(meta["breed"][r] == meta["breed"][row] for r in near[1.0])
     assert all(meta["place"][r] == meta["place"][row] for r in near[0.0])
@@ -225,7 +226,7 @@ def test_context_is_fitted_once_under_concurrent_requests(client, demo):
     assert after["misses"] == before["misses"] + 1 and after["hits"] >= before["hits"] + 11
     assert len(out) == 12 and all(ids(r) == ids(out[0]) for r in out)
     assert ids(out[0]) == expected(demo, fitted(demo, "gaussian", "breeds:0.35,clothing:0.65", tau=0.0421),
-                                   demo.G[11].numpy(), 6, 11)[1]
+                                   demo.rows[11], 6, 11)[1]
 
 
 # --------------------------------------------------------------------------- validation
@@ -863,7 +864,7 @@ class _CountingEncoder:
 
 
 def test_demo_embeddings_are_cached_by_encoder_and_content(tmp_path):
-    from anchordiv.serve.demo import build_demo_service
+    from anchordiv.apps.serve_demo import build_demo_service
 
     enc = _CountingEncoder()
     cold = build_demo_service(24, 0, enc, cache=tmp_path)
@@ -891,7 +892,7 @@ def test_demo_embeddings_are_cached_by_encoder_and_content(tmp_path):
 def test_openapi_describes_every_endpoint_and_model(client):
     spec = client.get("/openapi.json").json()
     assert spec["openapi"].startswith("3.") and spec["info"]["title"] == "anchordiv"
-    assert set(spec["paths"]) == {"/api/contexts", "/api/health", "/api/search", "/api/items/{id}",
+    assert set(spec["paths"]) == {"/api/contexts", "/api/contexts/{name}", "/api/health", "/api/search", "/api/items/{id}",
                                   "/api/thumb/{id}", "/indices-list", "/knn-service", "/metadata"}
     search = spec["paths"]["/api/search"]["post"]
     body = search["requestBody"]["content"]

@@ -32,7 +32,7 @@ from anchordiv.serve import ServerThread, Service, create_app  # noqa: E402
 
 @pytest.fixture(scope="module")
 def server():
-    from anchordiv.serve.demo import demo_service
+    from anchordiv.apps.serve_demo import demo_service
 
     try:
         svc = demo_service(360, 0, "minilm")

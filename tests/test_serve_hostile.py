@@ -102,15 +102,14 @@ def test_a_cached_latent_context_is_charged_its_real_storage():
         comps = ctx.model.components_
         assert comps.shape == (3, 64)
         assert comps.untyped_storage().nbytes() == comps.numel() * comps.element_size()  # a compact copy
-        tensors = [ctx.anchors.embeddings, ctx.anchors.weights,
+        anchors = ctx.info["anchors"]
+        tensors = [anchors.embeddings, anchors.weights,
                    *(t for t in vars(ctx.model).values() if hasattr(t, "untyped_storage"))]
         real = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-        shared = {t.untyped_storage().data_ptr() for t in (svc.G,)}
-        own = storages(ctx.model, ctx.anchors, svc.G)
-        index = sum(n for p, n in storages(ctx.index).items() if p not in own)
-        features = N * ctx.model.key_features(svc.G[:1]).shape[1] * 4
-        assert features <= index <= features + 4 * 8 * (N + 1)  # the key features and the id lookups
-        want = sum(n for p, n in real.items() if p not in shared) + index + CONTEXT_OVERHEAD
+        shared = {key[-1] for key in storages(svc.rows, svc.anchors)}
+        features = N * ctx.store.width * 4  # float16 features and their float16 residuals
+        assert ctx.store.high.untyped_storage().nbytes() + ctx.store.low.untyped_storage().nbytes() == features
+        want = sum(n for p, n in real.items() if p not in shared) + features + CONTEXT_OVERHEAD
         assert svc.contexts.stats()["bytes"] - before == want
 
 

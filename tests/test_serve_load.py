@@ -44,7 +44,7 @@ def percentile(values, q):
 
 
 def test_200_requests_from_20_clients(capsys):
-    from anchordiv.serve.demo import demo_service
+    from anchordiv.apps.serve_demo import demo_service
 
     try:
         svc = demo_service(360, 0, "minilm")

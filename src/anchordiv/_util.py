@@ -71,7 +71,8 @@ class MissingDependencyError(ImportError, RuntimeError):
     """
 
 
-def _is_installed(module: str) -> bool:
+def is_installed(module: str) -> bool:
+    """Whether the top-level package of ``module`` can be imported (without importing it)."""
     try:
         return importlib.util.find_spec(module.split(".")[0]) is not None
     except (ImportError, ValueError):
@@ -107,7 +108,7 @@ def require(module: str, pip_name: str, needed_by: str, hint: str = "") -> Any:
     try:
         return importlib.import_module(module)
     except Exception as exc:
-        if not _is_installed(module):
+        if not is_installed(module):
             raise MissingDependencyError(
                 f"{needed_by} needs the optional package {module!r}, which is not "
                 f"installed. Install it with: pip install {pip_name}"

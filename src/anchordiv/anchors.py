@@ -72,6 +72,38 @@ class AnchorSet(EmbeddingRows):
             w = w / total
         self.weights: torch.Tensor = w
 
+    @classmethod
+    def from_texts(cls, texts: Sequence[str], encoder: Any, weights: Any = None) -> "AnchorSet":
+        """Anchors written by hand: ``texts`` embedded by ``encoder`` (an
+        :class:`anchordiv.encoders.Encoder`, anything with ``encode_text``, or a spec such as
+        ``"minilm"`` loaded with :func:`anchordiv.encoders.load`), with optional ``weights``.
+
+        Blank texts and repeats are errors naming them (each anchor is one distinct phrase).
+        """
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise ValueError("texts must be a list of anchor phrases, e.g. ['a photo of a husky', 'a photo of a beagle'].")
+        texts = list(texts)
+        if not texts:
+            raise ValueError("texts is empty; write at least one anchor phrase.")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str) or not t.strip():
+                raise ValueError(f"texts[{i}] is {t!r}; every anchor must be a non-blank string.")
+        texts = [t.strip() for t in texts]
+        seen: dict[str, int] = {}
+        for i, t in enumerate(texts):
+            if t in seen:
+                raise ValueError(f"texts[{i}] repeats texts[{seen[t]}] ({t!r}); give each anchor once "
+                                 "(weights= sets how much each counts).")
+            seen[t] = i
+        if isinstance(encoder, str):
+            from . import encoders
+
+            encoder = encoders.load(encoder)
+        if not callable(getattr(encoder, "encode_text", None)):
+            raise ValueError(f"encoder must be an encoder with encode_text (or a spec such as 'minilm'), "
+                             f"got {type(encoder).__name__}.")
+        return cls(np.asarray(encoder.encode_text(texts)), texts=texts, weights=weights)
+
     # ------------------------------------------------------------------ basics
     @property
     def device(self) -> torch.device:

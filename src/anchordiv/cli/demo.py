@@ -41,17 +41,17 @@ def demo(out_dir: str, seed: int, n: int, k: int, n_queries: int, encoder: str, 
       anchordiv demo --serve --port 8000     # the web page at http://127.0.0.1:8000/
       anchordiv demo --images --out /tmp/emoji-demo/   # emoji: object vs style anchors
     """
-    from .. import demo as demo_module
+    from ..apps import demo as demo_module
 
     if out_dir is None:
         out_dir = "emoji-demo-report" if images else "demo-report"
     if images:
-        from .. import image_demo
+        from ..apps import image_demo
 
         return image_demo.cli_demo(out_dir=out_dir, seed=seed, k=k, n_queries=n_queries, serve=serve, port=port)
 
     if serve:
-        from ..serve.cli import serve_demo
+        from ..apps.serve_demo import serve_demo
 
         return serve_demo(n=n, seed=seed, encoder=LazyEncoder(encoder, device), port=port)
 

@@ -191,9 +191,8 @@ class FeatureStore(_Store):
                 high, low = _widened(high, low, start), None
                 self.storage = torch.float32
             high[start:stop] = psi
-            if low is not None:
-                torch.sub(psi, high[start:stop].float(), out=psi)
-                low[start:stop] = psi
+            if low is not None:  # psi may be the rows themselves (iti): never written to
+                low[start:stop] = psi - high[start:stop].float()
         self.high, self.low, self.key_norm = high, low, norm
         return self
 

@@ -46,17 +46,15 @@ from ._base import (
     MissingDependencyError,
     check_batch_size,
     check_tau,
+    open_rgb,
     resolve_device,
 )
-from ..emoji import CLIP_SPEC
+from ._emoji_clip import EMOJI_CLIP_ARCH, EMOJI_CLIP_DIR, EMOJI_SPEC
 from ._lazy import LazyEncoder
 from ._sentence import SENTENCE_TRANSFORMERS_TAU, minilm_path
 
 #: Spec of the offline default encoder.
 DEFAULT_SPEC = "minilm"
-
-#: Spec of the committed emoji CLIP (``emoji-clip:FOLDER`` for another one trained the same way).
-EMOJI_SPEC = CLIP_SPEC
 
 #: Spec prefixes understood by :func:`load` (``sentence_transformers:`` is accepted too).
 PREFIXES = ("open_clip", "hf_clip", "sentence-transformers")
@@ -154,6 +152,7 @@ def load(spec: str = DEFAULT_SPEC, device: Any = None, batch_size: int = DEFAULT
 
 
 __all__ = [
-    "load", "Encoder", "LazyEncoder", "MissingDependencyError", "DEFAULT_SPEC", "EMOJI_SPEC", "DEFAULT_BATCH_SIZE",
-    "PREFIXES", "PROGRESS_MIN_BATCHES", "SENTENCE_TRANSFORMERS_TAU", "minilm_path",
+    "load", "Encoder", "LazyEncoder", "MissingDependencyError", "DEFAULT_SPEC", "EMOJI_SPEC", "EMOJI_CLIP_ARCH",
+    "EMOJI_CLIP_DIR", "DEFAULT_BATCH_SIZE", "PREFIXES", "PROGRESS_MIN_BATCHES", "SENTENCE_TRANSFORMERS_TAU",
+    "minilm_path", "open_rgb",
 ]

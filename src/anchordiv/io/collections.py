@@ -15,7 +15,7 @@ import numpy as np
 
 from .._util import EmbeddingRows
 from .readers import (_concat_frames, _first_nonfinite_row, _load_npy_shards, _load_parquet_files, _natural_key,
-                      _read_parquet)
+                      read_parquet)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -299,7 +299,7 @@ def _check_numbering(found: Mapping[int, Path], folder: Path, prefix: str, suffi
             )
 
 
-def _manifest_files(root: Path, manifest: dict, allow_partial: bool) -> tuple[list[Path], list[Path]]:
+def manifest_files(root: Path, manifest: dict, allow_partial: bool) -> tuple[list[Path], list[Path]]:
     """The embedding and metadata shard files a manifest lists, checked to exist."""
     records = _manifest_shards(root / MANIFEST_NAME, manifest)
     if not manifest.get("complete", False) and not allow_partial:
@@ -333,7 +333,7 @@ def _manifest_files(root: Path, manifest: dict, allow_partial: bool) -> tuple[li
     return emb_files, meta_files
 
 
-def _numbered_files(root: Path, kind: str) -> tuple[list[Path], list[Path]]:
+def numbered_files(root: Path, kind: str) -> tuple[list[Path], list[Path]]:
     """The embedding shards of ``kind`` and the matching metadata shards, found by number."""
     prefix = _EMB_PREFIX[kind]
     shards = _numbered(root / prefix, prefix, ".npy")
@@ -361,9 +361,9 @@ def _load_layout(
     allow_partial: bool,
 ) -> tuple[np.ndarray, "pd.DataFrame | None"]:
     if manifest is not None:
-        emb_files, meta_files = _manifest_files(root, manifest, allow_partial)
+        emb_files, meta_files = manifest_files(root, manifest, allow_partial)
     else:
-        emb_files, meta_files = _numbered_files(root, kind)
+        emb_files, meta_files = numbered_files(root, kind)
     emb, rows = _load_npy_shards(emb_files, dtype, mmap)
     if manifest is not None:
         _check_manifest_counts(root / MANIFEST_NAME, manifest, rows, int(emb.shape[1]))
@@ -371,7 +371,7 @@ def _load_layout(
         return emb, None
     frames = []
     for ef, mf, r in zip(emb_files, meta_files, rows):
-        frame = _read_parquet(mf).to_pandas()
+        frame = read_parquet(mf).to_pandas()
         if len(frame) != r:
             raise ValueError(
                 f"path: {str(mf)!r} has {len(frame)} rows but {str(ef)!r} has {r}; a metadata shard "
@@ -452,7 +452,8 @@ def _load_file(p: Path, target: np.dtype | None, mmap: bool, embedding_column: s
     )
 
 
-def _manifest_of(p: Path, kind: str | None) -> dict:
+def manifest_of(p: Path, kind: str | None) -> dict:
+    """The manifest of the collection folder ``p``, checked (its kind against ``kind``, its tau)."""
     manifest = _read_manifest(p / MANIFEST_NAME)
     if kind is not None and manifest.get("kind") not in (None, kind):
         raise ValueError(
@@ -468,7 +469,7 @@ def _manifest_of(p: Path, kind: str | None) -> dict:
     return manifest
 
 
-def _layout_kind(p: Path, kind: str | None) -> str | None:
+def layout_kind(p: Path, kind: str | None) -> str | None:
     """The kind of the clip-retrieval layout in folder ``p``; None when ``p`` has none."""
     present = [k for k in _KINDS if (p / _EMB_PREFIX[k]).is_dir()]
     if not present:
@@ -577,10 +578,10 @@ def load_collection(
     if p.is_file():
         emb, metadata = _load_file(p, target, mmap, embedding_column)
     elif (p / MANIFEST_NAME).is_file():
-        manifest = _manifest_of(p, kind)
+        manifest = manifest_of(p, kind)
         kind = manifest["kind"]
         emb, metadata = _load_layout(p, kind, manifest, target, mmap, allow_partial)
-    elif (layout := _layout_kind(p, kind)) is not None:
+    elif (layout := layout_kind(p, kind)) is not None:
         kind = layout
         emb, metadata = _load_layout(p, kind, None, target, mmap, allow_partial)
     else:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from .._util import atomic_write, positive_int, require
-from ..encoders._base import open_rgb
+from ..encoders import open_rgb
 from .collections import (_EMB_PREFIX, _FORMAT, _FORMAT_VERSION, _ITEM_COLUMN, _KINDS, _METADATA_DIR,
                           _METADATA_PREFIX, MANIFEST_NAME, _check_choice, _manifest_shards, _read_manifest)
 from .readers import _first_nonfinite_row, _pandas, _pyarrow
@@ -299,7 +299,7 @@ def _unloaded_tau(encoder: Any) -> tuple[bool, float | None]:
     A :class:`~anchordiv.encoders.LazyEncoder` would load its encoder to answer; its tau
     follows from its spec, which the job compares by name.
     """
-    from ..encoders._lazy import LazyEncoder
+    from ..encoders import LazyEncoder
 
     if isinstance(encoder, LazyEncoder):
         return False, None
@@ -326,6 +326,129 @@ def _checked_vectors(vecs: Any, rows: list[int], dim: int | None, np_dtype: np.d
             f"when stored as {np_dtype.name}"
         )
     return vecs
+
+
+def _job(kind: str, enc_name: str, np_dtype: np.dtype, shard_size: int, items: list[str],
+         label_df: "pd.DataFrame | None", item_col: str) -> dict:
+    """What identifies an embedding run; the encoder's ``encoder_dim`` and ``tau`` are filled in later."""
+    return {
+        "kind": kind, "encoder": enc_name, "encoder_dim": None, "tau": None, "dtype": np_dtype.name,
+        "shard_size": shard_size, "n_items": len(items), "items_sha256": _sha256(items),
+        "label_columns": None if label_df is None else list(label_df.columns),
+        "labels_sha256": _sha256_frame(label_df),
+        **({"item_column": item_col} if item_col != _ITEM_COLUMN[kind] else {}),
+    }
+
+
+def _finished_run(out: Path, job: dict, encoder: Any, n_shards: int) -> EmbedResult | None:
+    """The result of the finished run of ``job`` in ``out``, else None (shards remain).
+
+    A finished run is recognised without loading the encoder's model (its dim follows from its name).
+    """
+    known, tau = _unloaded_tau(encoder)
+    finished = {k: v for k, v in job.items() if k not in ("encoder_dim", "tau")}
+    manifest = _resume(out, {**finished, "tau": tau} if known else finished)
+    if len(manifest["shards"]) < n_shards:
+        return None
+    if not manifest["complete"]:
+        manifest["complete"] = True
+        _write_json(out / MANIFEST_NAME, manifest)
+    return _result(manifest, out, 0, True)
+
+
+def _new_manifest(out: Path, job: dict, n_shards: int) -> dict:
+    """The manifest of a new run of ``job``, written into ``out`` (which must be new or empty)."""
+    if out.is_dir() and any(out.iterdir()):
+        raise ValueError(
+            f"out_dir {str(out)!r} is not empty and has no {MANIFEST_NAME}; "
+            "refusing to write into it. Choose a new or empty folder"
+        )
+    manifest = {
+        "format": _FORMAT, "version": _FORMAT_VERSION, "kind": job["kind"], "encoder": job["encoder"],
+        "dim": job["encoder_dim"], "tau": job["tau"], "dtype": job["dtype"], "n_items": job["n_items"],
+        "n_embedded": 0, "n_skipped": 0, "n_shards": n_shards, "complete": False, "shards": [], "skipped": [],
+        "job": job, **({"item_column": job["item_column"]} if "item_column" in job else {}),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / MANIFEST_NAME, manifest)
+    return manifest
+
+
+@dataclass
+class _Shards:
+    """The shards of one run: its items and labels, how they are embedded, and where they go."""
+
+    out: Path
+    kind: str
+    items: list[str]
+    labels: "pd.DataFrame | None"
+    item_col: str
+    np_dtype: np.dtype
+    shard_size: int
+    batch_size: int
+    encode: Callable
+    enc_name: str
+    method: str
+
+    def bounds(self, i: int) -> tuple[int, int]:
+        """The items of shard ``i``: ``items[lo:hi]``."""
+        return i * self.shard_size, min(len(self.items), (i + 1) * self.shard_size)
+
+    def embed(self, i: int, dim: int | None, bar: Any) -> tuple[np.ndarray, list[int], list[dict]]:
+        """Shard ``i``'s embeddings (``dim`` wide when known), the rows kept and the items skipped."""
+        lo, hi = self.bounds(i)
+        chunks: list[np.ndarray] = []
+        kept: list[int] = []
+        skipped: list[dict] = []
+        for b in range(lo, hi, self.batch_size):
+            idx = list(range(b, min(hi, b + self.batch_size)))
+            if self.kind == "text":
+                batch, rows = [self.items[j] for j in idx], idx
+            else:
+                batch, rows = _open_images(self.items, idx, skipped)
+            if rows:
+                vecs = _checked_vectors(self.encode(batch), rows, dim, self.np_dtype, self.enc_name, self.method,
+                                        self.items)
+                dim = int(vecs.shape[1])
+                chunks.append(vecs)
+                kept.extend(rows)
+            if self.kind == "image":
+                for img in batch:
+                    img.close()
+            bar.update(len(idx))
+        emb = np.concatenate(chunks) if chunks else np.zeros((0, dim or 0), dtype=self.np_dtype)
+        return emb, kept, skipped
+
+    def write(self, i: int, manifest: dict, emb: np.ndarray, kept: list[int], skipped: list[dict]) -> None:
+        """Write shard ``i`` and record it in ``manifest``; on an error no unrecorded file is left."""
+        pd = _pandas()
+        meta = pd.DataFrame({self.item_col: [self.items[j] for j in kept]})
+        if self.labels is not None:
+            meta = pd.concat([meta, self.labels.iloc[kept].reset_index(drop=True)], axis=1)
+        prefix = _EMB_PREFIX[self.kind]
+        emb_rel = f"{prefix}/{prefix}_{i}.npy"
+        meta_rel = f"{_METADATA_DIR}/{_METADATA_PREFIX}_{i}.parquet"
+        lo, hi = self.bounds(i)
+        manifest["shards"].append({
+            "index": i, "embeddings": emb_rel, "metadata": meta_rel,
+            "start": lo, "stop": hi, "n_rows": int(emb.shape[0]),
+        })
+        manifest["skipped"].extend(skipped)
+        manifest["n_embedded"] += int(emb.shape[0])
+        manifest["n_skipped"] = len(manifest["skipped"])
+        if manifest.get("dim") is None and kept:
+            manifest["dim"] = int(emb.shape[1])
+        manifest["complete"] = i == -(-len(self.items) // self.shard_size) - 1
+        try:
+            _write_npy(self.out / emb_rel, np.ascontiguousarray(emb, dtype=self.np_dtype))
+            _write_parquet(self.out / meta_rel, meta)
+            _write_json(self.out / MANIFEST_NAME, manifest)
+        except BaseException:
+            # leave no unrecorded shard behind (e.g. when the disk fills up)
+            for rel in (emb_rel, meta_rel):
+                with contextlib.suppress(OSError):
+                    (self.out / rel).unlink()
+            raise
 
 
 def _honours_progress(fn: Callable) -> Callable:
@@ -416,7 +539,7 @@ def embed_collection(
 
     Notes
     -----
-    Images are opened as the encoders open them (:func:`anchordiv.encoders._base.open_rgb`,
+    Images are opened as the encoders open them (:func:`anchordiv.encoders.open_rgb`,
     ``PIL.Image.open(path).convert("RGB")``); files that cannot be opened or decoded are
     skipped and listed (index in ``items``, path, reason) in the result and the manifest.
     Exceptions raised by the encoder are not caught: they stop the job, which can then be
@@ -433,114 +556,34 @@ def embed_collection(
     item_list, label_df = _prepare_items(items, labels, kind, item_col)
     enc_name = _encoder_name(encoder)
     method = "encode_text" if kind == "text" else "encode_images"
-
-    n = len(item_list)
-    n_shards = -(-n // shard_size)
-    job = {
-        "kind": kind, "encoder": enc_name, "encoder_dim": None, "tau": None, "dtype": np_dtype.name,
-        "shard_size": shard_size, "n_items": n, "items_sha256": _sha256(item_list),
-        "label_columns": None if label_df is None else list(label_df.columns),
-        "labels_sha256": _sha256_frame(label_df),
-        **({"item_column": item_col} if item_col != _ITEM_COLUMN[kind] else {}),
-    }
+    job = _job(kind, enc_name, np_dtype, shard_size, item_list, label_df, item_col)
     out = Path(out_dir)
-    manifest_path = out / MANIFEST_NAME
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir {str(out)!r} is a file; pass a folder path")
-    resumed = manifest_path.is_file()
-    if resumed:
-        # a finished job is recognised without loading the encoder's model (its dim follows from its name)
-        known, tau = _unloaded_tau(encoder)
-        finished = {k: v for k, v in job.items() if k not in ("encoder_dim", "tau")}
-        manifest = _resume(out, {**finished, "tau": tau} if known else finished)
-        if len(manifest["shards"]) >= n_shards:
-            if not manifest["complete"]:
-                manifest["complete"] = True
-                _write_json(manifest_path, manifest)
-            return _result(manifest, out, 0, resumed)
+    n_shards = -(-len(item_list) // shard_size)
+    resumed = (out / MANIFEST_NAME).is_file()
+    if resumed and (finished := _finished_run(out, job, encoder, n_shards)) is not None:
+        return finished
     if not callable(getattr(encoder, method, None)):
         raise ValueError(f"encoder {enc_name!r} has no {method}() method, needed for kind={kind!r}")
-    enc_dim, enc_tau = _encoder_info(encoder)
-    job["encoder_dim"], job["tau"] = enc_dim, enc_tau
-    if resumed:
-        manifest = _resume(out, job)
-    else:
-        if out.is_dir() and any(out.iterdir()):
-            raise ValueError(
-                f"out_dir {str(out)!r} is not empty and has no {MANIFEST_NAME}; "
-                "refusing to write into it. Choose a new or empty folder"
-            )
-        manifest = {
-            "format": _FORMAT, "version": _FORMAT_VERSION, "kind": kind, "encoder": enc_name, "dim": enc_dim,
-            "tau": enc_tau, "dtype": np_dtype.name, "n_items": n, "n_embedded": 0, "n_skipped": 0,
-            "n_shards": n_shards, "complete": False, "shards": [], "skipped": [], "job": job,
-            **({"item_column": item_col} if item_col != _ITEM_COLUMN[kind] else {}),
-        }
-        out.mkdir(parents=True, exist_ok=True)
-        _write_json(manifest_path, manifest)
+    job["encoder_dim"], job["tau"] = _encoder_info(encoder)
+    manifest = _resume(out, job) if resumed else _new_manifest(out, job, n_shards)
 
     start = len(manifest["shards"])
-    prefix = _EMB_PREFIX[kind]
-    (out / prefix).mkdir(parents=True, exist_ok=True)
+    (out / _EMB_PREFIX[kind]).mkdir(parents=True, exist_ok=True)
     (out / _METADATA_DIR).mkdir(parents=True, exist_ok=True)
-    pd = _pandas()
     from .._progress import progress_bar
 
     encode = getattr(encoder, method)
     if not progress and _accepts_kwarg(encode, "progress"):
         encode = functools.partial(encode, progress=False)  # silence the encoder's own bars
-    dim = manifest.get("dim")
-    written = 0
-    bar = progress_bar(total=n, initial=start * shard_size, unit="item", desc=f"embedding {kind}s", show=bool(progress))
+    shards = _Shards(out, kind, item_list, label_df, item_col, np_dtype, shard_size, batch_size, encode,
+                     enc_name, method)
+    bar = progress_bar(total=len(item_list), initial=start * shard_size, unit="item", desc=f"embedding {kind}s",
+                       show=bool(progress))
     try:
-        for s in range(start, n_shards):
-            lo, hi = s * shard_size, min(n, (s + 1) * shard_size)
-            chunks: list[np.ndarray] = []
-            kept: list[int] = []
-            skipped: list[dict] = []
-            for b in range(lo, hi, batch_size):
-                idx = list(range(b, min(hi, b + batch_size)))
-                if kind == "text":
-                    batch, rows = [item_list[j] for j in idx], idx
-                else:
-                    batch, rows = _open_images(item_list, idx, skipped)
-                if rows:
-                    vecs = _checked_vectors(encode(batch), rows, dim, np_dtype, enc_name, method, item_list)
-                    dim = int(vecs.shape[1])
-                    chunks.append(vecs)
-                    kept.extend(rows)
-                if kind == "image":
-                    for img in batch:
-                        img.close()
-                bar.update(len(idx))
-            emb = np.concatenate(chunks) if chunks else np.zeros((0, dim or 0), dtype=np_dtype)
-            meta = pd.DataFrame({item_col: [item_list[j] for j in kept]})
-            if label_df is not None:
-                meta = pd.concat([meta, label_df.iloc[kept].reset_index(drop=True)], axis=1)
-
-            emb_rel = f"{prefix}/{prefix}_{s}.npy"
-            meta_rel = f"{_METADATA_DIR}/{_METADATA_PREFIX}_{s}.parquet"
-            manifest["shards"].append({
-                "index": s, "embeddings": emb_rel, "metadata": meta_rel,
-                "start": lo, "stop": hi, "n_rows": int(emb.shape[0]),
-            })
-            manifest["skipped"].extend(skipped)
-            manifest["n_embedded"] += int(emb.shape[0])
-            manifest["n_skipped"] = len(manifest["skipped"])
-            if manifest.get("dim") is None and dim is not None:
-                manifest["dim"] = dim
-            manifest["complete"] = s == n_shards - 1
-            try:
-                _write_npy(out / emb_rel, np.ascontiguousarray(emb, dtype=np_dtype))
-                _write_parquet(out / meta_rel, meta)
-                _write_json(manifest_path, manifest)
-            except BaseException:
-                # leave no unrecorded shard behind (e.g. when the disk fills up)
-                for rel in (emb_rel, meta_rel):
-                    with contextlib.suppress(OSError):
-                        (out / rel).unlink()
-                raise
-            written += 1
+        for i in range(start, n_shards):
+            shards.write(i, manifest, *shards.embed(i, manifest.get("dim"), bar))
     finally:
         bar.close()
-    return _result(manifest, out, written, resumed)
+    return _result(manifest, out, n_shards - start, resumed)

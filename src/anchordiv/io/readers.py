@@ -280,7 +280,7 @@ def _load_npy_shards(
     return out, rows
 
 
-def _read_parquet(f: Path, arg: str = "path") -> Any:
+def read_parquet(f: Path, arg: str = "path") -> Any:
     """``pyarrow.parquet.read_table(f)`` with an error that names ``f`` and the fix."""
     pa, _, pq = _pyarrow()
     try:
@@ -336,7 +336,7 @@ def _load_parquet_files(
 ) -> tuple[np.ndarray, "pd.DataFrame | None"]:
     embs, metas = [], []
     for f in files:
-        table = _read_parquet(f)
+        table = read_parquet(f)
         if column not in table.column_names:
             raise ValueError(
                 f"path: {str(f)!r} has no {column!r} column (columns: {table.column_names}); "

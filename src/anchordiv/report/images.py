@@ -80,7 +80,7 @@ def thumbnail(item: Any, px: int = THUMBNAIL_PX) -> "Any":
     """An RGB PIL thumbnail of an image path or PIL image; raises :class:`Skip` if unreadable."""
     from PIL import Image
 
-    from ..encoders._base import open_rgb
+    from ..encoders import open_rgb
 
     if isinstance(item, Image.Image):
         im = item.copy()

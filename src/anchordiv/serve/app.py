@@ -5,6 +5,8 @@ Endpoints
 ``GET /``                      the web page (static files shipped in the package)
 ``GET /docs``                  the OpenAPI page (served from the package: no CDN); ``GET /openapi.json``
 ``GET /api/contexts``          anchor sets, geometries, the default context, context names, collection info
+``POST /api/contexts``         write anchors: a new context, built in the background (``{"context", "status", "progress"}``)
+``GET /api/contexts/{name}``   a context's status and progress; ``DELETE`` forgets a written context
 ``POST /api/search``           neighbours of a query under a context (JSON, or multipart with ``image``)
 ``GET /api/items/{id}``        one item by id (the ``id`` column's value)
 ``GET /api/thumb/{id}``        JPEG thumbnail of the item's own image file
@@ -35,8 +37,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import middleware
 from .errors import FieldError, parse_json_object
 from .middleware import SECURITY_HEADERS
-from .schemas import (ERRORS, MAX_IMAGE_BYTES, MAX_TEXT, Contexts, Health, Item, KnnHit, KnnRequest, MetadataEntry,
-                      MetadataRequest, SearchRequest, SearchResponse, field_error, from_form)
+from .schemas import (ERRORS, MAX_IMAGE_BYTES, MAX_TEXT, ContextRequest, Contexts, ContextStatus, Health, Item, KnnHit,
+                      KnnRequest, MetadataEntry, MetadataRequest, SearchRequest, SearchResponse, field_error, from_form)
 from .service import Service
 
 #: Static files of the page, by URL name (nothing else is ever served from disk).
@@ -117,6 +119,33 @@ api = APIRouter(prefix="/api", tags=["search"], responses=ERRORS)
 def contexts(service: ServiceDep) -> dict:
     """Anchor sets, geometries and their parameters, the default context, context names, limits."""
     return service.info()
+
+
+@api.post("/contexts", response_model=ContextStatus, status_code=200, openapi_extra=body_of(ContextRequest),
+          responses={202: {"model": ContextStatus, "description": "Building: poll GET /api/contexts/NAME."}})
+async def create_context(service: ServiceDep, data: Annotated[dict, Depends(json_object)]) -> JSONResponse:
+    """Write anchors: a new context over the whole collection, built in the background; its name and status."""
+    body, status = await run_in_threadpool(service.create_context, data)
+    return JSONResponse(body, status_code=status)
+
+
+def context_name(name: str) -> str:
+    """A context name (a path parameter)."""
+    if len(name) > MAX_TEXT:
+        raise FieldError("name", f"is longer than {MAX_TEXT} characters", 404)
+    return name
+
+
+@api.get("/contexts/{name:path}", response_model=ContextStatus)
+def context_status(name: Annotated[str, Depends(context_name)], service: ServiceDep) -> dict:
+    """A context's status and build progress."""
+    return service.context_status(name)
+
+
+@api.delete("/contexts/{name:path}", response_model=ContextStatus)
+def delete_context(name: Annotated[str, Depends(context_name)], service: ServiceDep) -> dict:
+    """Forget a written context (a build in progress is cancelled)."""
+    return service.delete_context(name)
 
 
 @api.get("/health", response_model=Health)

@@ -1,4 +1,4 @@
-"""The ``anchordiv serve`` command and the server behind ``anchordiv demo --serve``."""
+"""The ``anchordiv serve`` command and the helpers that run a service on a port."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import click
 from .server import DEFAULT_HOST, PortError, bind, is_loopback
 
 
-def _check_deps() -> None:
+def check_deps() -> None:
+    """A one-line :class:`click.ClickException` unless the ``serve`` extra is installed."""
     try:
         import fastapi  # noqa: F401
         import multipart  # noqa: F401
@@ -101,7 +102,7 @@ def serve_command(collection, anchors_file, index_specs, host, port, encoder, de
       curl -s localhost:8000/api/search -H 'Content-Type: application/json' \\
           -d '{"text": "a red car", "context": "softmax:object:0.7,style:0.3", "k": 5}'
     """
-    _check_deps()
+    check_deps()
     sock = bind_port(host, port)
     from ..anchorsfile import embed_anchors
     from ..encoders import LazyEncoder
@@ -135,18 +136,3 @@ def serve_command(collection, anchors_file, index_specs, host, port, encoder, de
         raise click.UsageError(str(exc)) from None
     run_service(service, host=host, port=port, cors_origins=list(cors_origins) or None, sock=sock)
 
-
-def serve_demo(n: int = 360, seed: int = 0, encoder: Any = "minilm", host: str = DEFAULT_HOST,
-               port: int = 8000) -> None:
-    """Build the scene demo's service and serve it (``anchordiv demo --serve``).
-
-    The embeddings are cached in :func:`~anchordiv.serve.demo.demo_cache_dir`; with a warm
-    cache the encoder loads in a background thread once the server has started.
-    """
-    _check_deps()
-    from .demo import build_demo_service, demo_cache_dir
-
-    sock = bind_port(host, port)
-    service = build_demo_service(n=n, seed=seed, encoder=encoder, cache=demo_cache_dir(),
-                                 echo=lambda msg: click.echo(msg))
-    run_service(service, host=host, port=port, sock=sock, on_started=service.warm_up)

@@ -10,17 +10,19 @@ MAX_DEPTH = 32
 
 
 class FieldError(ValueError):
-    """A bad request field: ``status`` (4xx), the ``field`` and a message."""
+    """A bad request field: ``status`` (4xx, or 503 for a context still building), the ``field``, a
+    message, and ``extra`` fields of the body (a building context's status and progress)."""
 
-    def __init__(self, field: str | None, message: str, status: int = 422):
+    def __init__(self, field: str | None, message: str, status: int = 422, extra: dict | None = None):
         super().__init__(f"{field}: {message}" if field else message)
         self.field = field
         self.message = message
         self.status = status
+        self.extra = extra
 
     def payload(self) -> dict:
         """The JSON body of the error response."""
-        return {"error": str(self), "field": self.field}
+        return {**(self.extra or {}), "error": str(self), "field": self.field}
 
 
 def show(value: Any, limit: int = 60) -> str:

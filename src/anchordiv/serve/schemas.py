@@ -34,6 +34,8 @@ MAX_FILTER_VALUES = 200
 MAX_IDS = 1000
 #: Norms of a query embedding accepted (float32 squares neither overflow nor underflow inside it).
 NORM_RANGE = (1e-12, 1e12)
+#: Most anchors written in one context, and most characters in one anchor.
+MAX_ANCHORS, MAX_ANCHOR_CHARS = 256, 300
 
 Id = Union[int, str]
 Scalar = Union[str, int, float, bool, None]
@@ -164,6 +166,37 @@ def _ids(value: Any) -> Any:
     return value
 
 
+def _anchor_texts(value: Any) -> Any:
+    """1 to :data:`MAX_ANCHORS` distinct, non-blank anchor phrases of at most :data:`MAX_ANCHOR_CHARS` characters."""
+    if not isinstance(value, list):
+        raise fail('must be a list of anchor phrases, e.g. ["a photo of a husky", "a photo of a beagle"]')
+    if not value or len(value) > MAX_ANCHORS:
+        raise fail("must hold 1 to {max} anchors, got {n}", max=MAX_ANCHORS, n=len(value))
+    check = _text(MAX_ANCHOR_CHARS).func
+    seen: dict[str, int] = {}
+    out = []
+    for i, text in enumerate(value):
+        try:
+            text = check(text).strip()
+        except PydanticCustomError as exc:
+            raise fail("entry {i} " + exc.message_template, f"anchors[{i}]", i=i, **(exc.context or {})) from None
+        if text in seen:
+            raise fail("entry {i} repeats entry {j} ({text}); write each anchor once (weights sets how much each "
+                       "counts)", f"anchors[{i}]", i=i, j=seen[text], text=show(text))
+        seen[text] = i
+        out.append(text)
+    return out
+
+
+def _weights(value: Any) -> Any:
+    if not isinstance(value, list) or len(value) > MAX_ANCHORS:
+        raise fail("must be a list of at most {max} numbers, one per anchor", max=MAX_ANCHORS)
+    out = [_number(w) for w in value]
+    if any(w < 0 for w in out) or not any(w > 0 for w in out):
+        raise fail("must be numbers >= 0, not all zero")
+    return out
+
+
 Integer = BeforeValidator(_integer)
 Number = BeforeValidator(_number)
 Boolean = BeforeValidator(_boolean)
@@ -231,6 +264,51 @@ class SearchRequest(Request):
     def kind(self) -> str:
         """Which query this is: text, row, id or embedding (image: an upload beside the fields)."""
         return next((f for f in ("text", "row", "id", "embedding") if getattr(self, f) is not None), "image")
+
+
+class ContextRequest(Request):
+    """``POST /api/contexts``: a context of anchors written by hand (mixed, optionally, with the file's sets)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    anchors: Annotated[list[str], Field(
+        description=f"The anchor phrases, one per anchor (at most {MAX_ANCHORS}, each at most {MAX_ANCHOR_CHARS} "
+                    "characters).", examples=[["a photo of a husky", "a photo of a beagle"]]),
+        BeforeValidator(_anchor_texts)]
+    weights: Annotated[Optional[list[float]], Field(
+        description="A weight per anchor (default: equal)."), BeforeValidator(_weights)] = None
+    sets: Annotated[Optional[str], Field(
+        max_length=MAX_CONTEXT, description="A mixture with the anchors file's sets, the written anchors being the "
+                                            "set 'typed', e.g. typed:0.6,breeds:0.4 (default: typed)."),
+        _text(MAX_CONTEXT)] = None
+    model: Annotated[Optional[str], Field(
+        max_length=64, description="An anchor geometry, e.g. softmax (default: the default context's, else softmax)."),
+        _text(64)] = None
+    tau: Annotated[Optional[float], Field(
+        ge=TAU_RANGE[0], le=TAU_RANGE[1], description="Temperature of the geometry (default: the service's)."),
+        Number] = None
+    params: Annotated[Optional[dict[str, Any]], Field(
+        description='Model parameters, e.g. {"rank": 8}, as in /api/search.'), BeforeValidator(_params)] = None
+    symmetric: Annotated[bool, Field(description="Rank by the symmetrised divergence."), Boolean] = True
+
+    @model_validator(mode="after")
+    def _one_weight_each(self) -> "ContextRequest":
+        if self.weights is not None and len(self.weights) != len(self.anchors):
+            raise fail("must hold one weight per anchor ({n}), got {m}", "weights", n=len(self.anchors),
+                       m=len(self.weights))
+        return self
+
+
+class ContextStatus(BaseModel):
+    """A context's build: ``building`` (with progress), ``ready``, ``failed`` (with the error) or ``stored``
+    (a written context not built since the service started)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    context: str = Field(description="The context's name, usable in /api/search, /knn-service and /indices-list.")
+    status: Literal["building", "ready", "failed", "stored", "deleted"]
+    progress: Optional[float] = Field(None, description="Share of the collection's rows built, in [0, 1].")
+    path: Optional[str] = Field(None, description='"scan" (compact features) or "index" (an index backend).')
 
 
 class KnnRequest(Request):
@@ -332,6 +410,7 @@ class Contexts(BaseModel):
     indexes: list[dict[str, Any]]
     default: dict[str, Any]
     names: list[str]
+    written: list[dict[str, Any]] = Field(description="The contexts written by hand (POST /api/contexts).")
     limits: dict[str, int]
     similarity: dict[str, str]
 

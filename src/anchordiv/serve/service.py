@@ -1,12 +1,15 @@
 """The search service behind ``anchordiv serve``, independent of the web framework.
 
-A *context* is (geometry, anchor selection, τ, model parameters, symmetric). Its fitted
-model and an exact :class:`anchordiv.Index` of every collection row (the key features ψ,
-ids = row numbers) are built once and kept in a byte-bounded LRU
-(:class:`~anchordiv.serve.cache.ByteLRU`); a query then costs one feature map φ(q) and the
-exact backend's filtered top-k over ψ (:meth:`anchordiv.Index.search` with ``filter`` and
-``exclude``), the same computation as ``model.search``. Saved indexes (``--index``) are
-searched with :meth:`anchordiv.Index.search` too. Requests are the Pydantic models of
+A *context* is (geometry, anchor selection, τ, model parameters, symmetric), with anchors
+from the anchors file's sets or written by hand (``POST /api/contexts``;
+:mod:`anchordiv.serve.contexts`). Its fitted model and the key features ψ of every
+collection row are built once, in the background, by the context engine
+(:class:`anchordiv.contexts.ContextRegistry` over the collection's memory-mapped rows) and
+kept within a byte bound; a query then costs one feature map φ(q) and an exact scan of ψ
+(:meth:`anchordiv.contexts.FeatureStore.search` with ``allow`` and ``exclude``), the same
+result as ``model.search``. A search of a context still building waits ``build_wait``
+seconds, then answers 503 with the build's progress. Saved indexes (``--index``) are
+searched with :meth:`anchordiv.Index.search`. Requests are the Pydantic models of
 :mod:`anchordiv.serve.schemas`.
 
 Words of the API:
@@ -14,7 +17,8 @@ Words of the API:
 * ``id``: the item's value in the collection's ``id`` column (the row number when the
   collection has no ``id`` column); ``row``: its 0-based position in the collection.
 * a context's *name*: ``MODEL:ANCHORS`` (``softmax:breeds``, ``softmax:breeds:0.7,places:0.3``),
-  ``MODEL`` for a geometry without anchors (``cosine``), ``index:NAME`` for a saved index.
+  ``MODEL`` for a geometry without anchors (``cosine``), ``index:NAME`` for a saved index,
+  ``typed:DIGEST`` for anchors written by hand.
   ``/indices-list`` lists such names, and ``/api/search`` and ``/knn-service`` accept them.
 * ``similarity`` (higher is closer, a monotone function of the distance d):
   ``cos(q, g) = 1 − d`` for ``cosine``; ``−d = γ*ᵀg`` (the cosine to the query's proxy
@@ -29,24 +33,24 @@ import os
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import numpy as np
-import torch
 
 from .. import anchorsfile
 from .._util import check_tau, json_scalar
 from ..anchors import AnchorSet
-from ..models import make_model, model_names, model_params, registry
+from ..contexts import ContextLimit, ContextRegistry, LiveContext
 from ..diagnostics import explain
-from ..index import Index
+from ..io.mapped import as_rows
+from ..models import make_model, model_names, model_params, registry
 from . import schemas
 from .cache import ByteLRU, storage_nbytes, storages
+from .contexts import TYPED, TYPED_PREFIX, ContextKey, WrittenContexts, anchors_spec
 from .errors import FieldError
-from .schemas import KnnRequest, MetadataRequest, SearchRequest, validated
+from .schemas import ContextRequest, KnnRequest, MetadataRequest, SearchRequest, validated
 
 #: Geometries that need anchors / take a temperature.
 ANCHOR_MODELS = model_names(needs_anchors=True)
@@ -79,49 +83,10 @@ def similarity(kind: str, distance: float) -> float:
     return min(1.0, max(-1.0, -distance))
 
 
-def anchors_spec(selection: tuple[tuple[str, float], ...]) -> str | None:
-    """``breeds`` for one set, ``breeds:0.7,places:0.3`` for several, None for none."""
-    if not selection:
-        return None
-    if len(selection) == 1:
-        return selection[0][0]
-    return ",".join(f"{n}:{p:g}" for n, p in selection)
-
-
-@dataclass(frozen=True)
-class ContextKey:
-    """What defines one cached context."""
-
-    model: str
-    selection: tuple[tuple[str, float], ...]
-    tau: float | None
-    params: tuple[tuple[str, Any], ...]
-    symmetric: bool
-
-    @property
-    def anchors(self) -> str | None:
-        """The canonical anchors spec, e.g. ``breeds`` or ``breeds:0.7,places:0.3``."""
-        return anchors_spec(self.selection)
-
-    @property
-    def name(self) -> str:
-        """``MODEL`` or ``MODEL:ANCHORS`` (the clip-retrieval index name)."""
-        return self.model if self.anchors is None else f"{self.model}:{self.anchors}"
-
-
-@dataclass
-class Context:
-    """A fitted geometry with an exact index of every collection row (ids are row numbers)."""
-
-    key: ContextKey
-    model: Any
-    index: Index
-    anchors: AnchorSet | None
-    anchor_sets: list[str]
-    seconds: float
-
 #: Bytes counted per context besides its arrays (the Python objects).
 CONTEXT_OVERHEAD = 4096
+#: Seconds a search waits for its context's build before answering with the progress.
+BUILD_WAIT = 5.0
 
 
 class Service:
@@ -150,6 +115,13 @@ class Service:
         at most 50 distinct values).
     cache_bytes : int
         Bound of the context cache (fitted models and key features).
+    max_contexts : int
+        Most contexts held at once, and most contexts written by hand kept.
+    state : str or Path, optional
+        Folder where the contexts written by hand are kept (``contexts.json``), to be known
+        again after a restart; None keeps them in memory only.
+    build_wait : float
+        Seconds a search waits for its context's build before answering 503 with the progress.
     title : str, optional
         Shown on the page.
     root : str or Path, optional
@@ -159,14 +131,15 @@ class Service:
 
     def __init__(self, collection: Any, anchors: Any = None, encoder: Any = None, *, indexes: dict | None = None,
                  tau: float | None = None, default_model: str = "softmax", default_context: str | None = None,
-                 label_columns: list[str] | None = None, cache_bytes: int = 1 << 30, title: str | None = None,
+                 label_columns: list[str] | None = None, cache_bytes: int = 1 << 30, max_contexts: int = 32,
+                 state: str | os.PathLike | None = None, build_wait: float = BUILD_WAIT, title: str | None = None,
                  root: str | os.PathLike | None = None):
         self.collection = collection
         self.anchors = anchors
         self.encoder = encoder
         self.indexes = dict(indexes or {})
         self.n, self.dim = len(collection), collection.dim
-        self.G = torch.from_numpy(np.ascontiguousarray(collection.embeddings, dtype=np.float32))
+        self.rows = as_rows(collection.embeddings)  # memory-mapped shards stay on disk
         self.meta = collection.metadata
         self.columns = [] if self.meta is None else [str(c) for c in self.meta.columns]
         self._values = {c: self.meta[c].tolist() for c in self.columns} if self.meta is not None else {}
@@ -196,8 +169,11 @@ class Service:
             if idx.dim != self.dim or (len(idx) and (int(np.min(idx.ids)) < 0 or int(np.max(idx.ids)) >= self.n)):
                 raise ValueError(f"index {name!r} does not match the collection (its ids must be row numbers "
                                  f"0..{self.n - 1} and its dimension {self.dim})")
-        self.contexts = ByteLRU(cache_bytes)
-        self._held = storages(self.G, self.anchors)  # alive for the service's lifetime: not charged to a context
+        self._held = storages(self.rows, self.anchors)  # alive for the service's lifetime: not charged to a context
+        self.contexts = ContextRegistry(self.rows, max_bytes=cache_bytes, max_contexts=max_contexts,
+                                        size=self.context_nbytes)
+        self.written = WrittenContexts(state, getattr(encoder, "name", None) or collection.encoder, max_contexts)
+        self.build_wait = float(build_wait)
         self._thumbs = ByteLRU(64 << 20)
         self._texts = ByteLRU(16 << 20)
         self._filters = ByteLRU(64 << 20)
@@ -271,6 +247,7 @@ class Service:
             if m in ANCHOR_MODELS:
                 names += [f"{m}:{s}" for s in self.set_names()]
         names += [f"index:{n}" for n in self.indexes]
+        names += self.written.names()
         default = self.default_key.name
         return [default] + [n for n in names if n != default]
 
@@ -306,22 +283,31 @@ class Service:
             "default": {"name": self.default_key.name, "model": self.default_key.model,
                         "anchors": self.default_key.anchors, "tau": self.tau, "k": 12},
             "names": self.indices_list(),
+            "written": [{"context": n, **k.spec()} for n, k in self.written.keys.items()],
             "limits": {"max_k": schemas.MAX_K, "max_text": schemas.MAX_TEXT, "max_context": schemas.MAX_CONTEXT,
-                       "max_image_bytes": schemas.MAX_IMAGE_BYTES},
+                       "max_image_bytes": schemas.MAX_IMAGE_BYTES, "max_anchors": schemas.MAX_ANCHORS,
+                       "max_anchor_chars": schemas.MAX_ANCHOR_CHARS, "max_contexts": self.contexts.max_contexts},
             "similarity": dict(SIMILARITY),
         }
 
     # -------------------------------------------------------------- contexts
-    def _selection(self, context: str | None) -> tuple[tuple[str, float], ...]:
-        """The canonical selection: sets with positive proportions, summing to 1."""
-        if self.anchors is None:
-            raise FieldError("model", "this geometry needs anchors, but the service has none (start it with --anchors)")
+    def _selection(self, context: str | None, written: bool = False) -> tuple[tuple[str, float], ...]:
+        """The canonical selection: sets with positive proportions, summing to 1; with ``written``, the
+        set ``typed`` (the written anchors) may be among them (field ``sets``)."""
+        field = "sets" if written else "context"
+        if self.anchors is None and not written:
+            raise FieldError("model", "this geometry needs anchors, but the service has none (start it with "
+                                      "--anchors, or write anchors with POST /api/contexts)")
+        sets = [] if self.anchors is None else list(self.anchors.sets)
+        mix = {} if self.anchors is None else dict(self.anchors.mix)
+        if written:
+            sets, mix = sets + [TYPED], {**mix, TYPED: 1.0}
+        path = self.anchors.path if self.anchors is not None else "the written anchors"
         try:
-            sel = None if context is None or not context.strip() else anchorsfile._parse_selection(context, "context")
-            names, props = anchorsfile._select(list(self.anchors.sets), self.anchors.mix, sel, "context",
-                                               self.anchors.path)
+            sel = None if context is None or not context.strip() else anchorsfile.parse_selection(context, field)
+            names, props = anchorsfile.select_sets(sets, mix, sel, field, path)
         except ValueError as exc:
-            raise FieldError("context", str(exc).removeprefix("context: ")) from None
+            raise FieldError(field, str(exc).removeprefix(f"{field}: ")) from None
         if not all(math.isfinite(p) for p in props):
             raise FieldError("context", f"proportions must be finite numbers >= 0, got {', '.join(map(str, props))}")
         top = max(props)
@@ -385,17 +371,37 @@ class Service:
         clean = schemas.model_params(model, params, self.dim)
         return ContextKey(model, selection, None if t is None else float(t), clean, bool(symmetric))
 
-    def context(self, key: ContextKey) -> Context:
-        """The cached context for ``key`` (fitted and featurized once)."""
-        return self.contexts.get_or_build(key, lambda: self._build(key))
+    def context(self, key: ContextKey, wait: float | None = None) -> LiveContext:
+        """The built context of ``key``, its build started (in the background) when new; a build that
+        has not ended after ``wait`` seconds (default ``build_wait``) is a 503 naming its progress."""
+        try:
+            ctx = self.contexts.start(key, lambda: self._fit(key), name=key.name)
+        except ContextLimit as exc:
+            raise FieldError("context", str(exc), 503) from None
+        ctx.wait(self.build_wait if wait is None else wait)
+        if ctx.status == "failed":
+            exc = ctx.exception
+            raise exc if isinstance(exc, FieldError) else FieldError("context", f"cannot build {key.name}: {ctx.error}")
+        if ctx.status != "ready":
+            raise FieldError("context", f"{key.name} is still building ({100 * ctx.progress:.0f}% of {self.n} rows); "
+                                        "ask again shortly (GET /api/contexts/NAME gives the progress)", 503,
+                             extra=ctx.describe())
+        return ctx
 
-    def _build(self, key: ContextKey) -> tuple[Context, int]:
-        start = time.perf_counter()
-        anchors, owners = None, []
-        if key.selection:
-            sets = [self.anchors.sets[n] for n, _ in key.selection]
-            anchors = sets[0] if len(sets) == 1 else AnchorSet.mixture(sets, [p for _, p in key.selection])
-            owners = [n for n, _ in key.selection for _ in range(len(self.anchors.sets[n]))]
+    def context_anchors(self, key: ContextKey) -> tuple[AnchorSet | None, list[str]]:
+        """The anchor set of ``key`` (a file set, a mixture of sets, written anchors, or a mixture of
+        written anchors and sets) and the set each anchor comes from."""
+        if not key.selection:
+            return None, []
+        sets = {name: self.written.anchors(key, self._encoder_for("anchors")) if name == TYPED else
+                self.anchors.sets[name] for name, _ in key.selection}
+        parts = [sets[n] for n, _ in key.selection]
+        anchors = parts[0] if len(parts) == 1 else AnchorSet.mixture(parts, [p for _, p in key.selection])
+        return anchors, [n for n, _ in key.selection for _ in range(len(sets[n]))]
+
+    def _fit(self, key: ContextKey) -> tuple[Any, bool, dict]:
+        """The fitted geometry of ``key``, its ``symmetric`` and its anchors (run by the context engine's builder)."""
+        anchors, owners = self.context_anchors(key)
         params = dict(key.params)
         if key.tau is not None:
             params["tau"] = key.tau
@@ -403,15 +409,78 @@ class Service:
             model = make_model(key.model, **params).fit(anchors)
         except ValueError as exc:
             raise FieldError("params" if key.params else "model", f"cannot fit {key.name}: {exc}") from None
-        index = Index(model, "exact", symmetric=key.symmetric).add(self.G)
-        if self.n > 1:  # the index builds its id lookups on a first filtered search: here, once, before it is shared
-            index.search(self.G[:1].numpy(), k=1, exclude=np.zeros((1, 1), dtype=np.int64), filter=np.arange(2))
-        ctx = Context(key, model, index, anchors, owners, time.perf_counter() - start)
-        return ctx, self.context_nbytes(ctx)
+        return model, key.symmetric, {"anchors": anchors, "owners": owners}
 
-    def context_nbytes(self, ctx: Context) -> int:
+    def context_nbytes(self, ctx: LiveContext) -> int:
         """What a context costs the cache: the storages it keeps alive (views count their whole buffer)."""
-        return storage_nbytes(ctx, held=self._held) + CONTEXT_OVERHEAD
+        return storage_nbytes(ctx.model, ctx.store, ctx.info, held=self._held) + CONTEXT_OVERHEAD
+
+    # ------------------------------------------------------ written contexts
+    def written_key(self, req: ContextRequest) -> ContextKey:
+        """The key of a context written by hand (``POST /api/contexts``), validated."""
+        if self.encoder is None:
+            raise FieldError("anchors", "this service has no encoder to embed written anchors (start it with --encoder)")
+        model = req.model or (self.default_model if self.default_model in ANCHOR_MODELS else "softmax")
+        if model not in ANCHOR_MODELS:
+            raise FieldError("model", f"{model!r} takes no anchors; choose an anchor geometry such as softmax "
+                                      f"({', '.join(ANCHOR_MODELS)})")
+        selection = self._selection(req.sets or TYPED, written=True)
+        if TYPED not in dict(selection):
+            raise FieldError("sets", f"gives the written anchors no mass; include {TYPED}, e.g. {TYPED}:0.6,SET:0.4")
+        tau = req.tau if req.tau is not None else self.tau
+        if tau is None:
+            raise FieldError("tau", f"geometry {model!r} needs a temperature and the service knows none")
+        params = schemas.model_params(model, req.params, self.dim)
+        weights = None if req.weights is None else tuple(float(w) for w in req.weights)
+        return ContextKey(model, selection, float(tau), params, req.symmetric, tuple(req.anchors), weights)
+
+    def create_context(self, data: Any) -> tuple[dict, int]:
+        """``POST /api/contexts``: a context of anchors written by hand, built in the background; its
+        status (``building`` or ``ready``, with progress) and the HTTP status (202 or 200)."""
+        req = self.request(ContextRequest, data)
+        key = self.written_key(req)
+        try:
+            anchors = AnchorSet.from_texts(list(key.written), self._encoder_for("anchors"), weights=key.weights)
+        except ValueError as exc:
+            raise FieldError("anchors", str(exc).removeprefix("texts").lstrip(": ")) from None
+        try:
+            self.written.add(key, anchors)
+        except ValueError as exc:
+            raise FieldError("anchors", str(exc), 507) from None
+        try:
+            ctx = self.context(key, wait=min(self.build_wait, 0.5))
+        except FieldError as exc:
+            if exc.status != 503 or not exc.extra:
+                raise
+            return exc.extra, 202
+        return ctx.describe(), 200
+
+    def context_status(self, name: str) -> dict:
+        """``GET /api/contexts/NAME``: a context's status and progress (a written context not built since a
+        restart is ``stored``)."""
+        key = self._named_key(name)
+        ctx = self.contexts.get(key)
+        if ctx is None:
+            return {"context": name, "status": "stored", "progress": 0.0, "path": None}
+        return ctx.describe()
+
+    def delete_context(self, name: str) -> dict:
+        """``DELETE /api/contexts/NAME``: forget a written context (a build in progress is cancelled)."""
+        if not name.startswith(TYPED_PREFIX):
+            raise FieldError("name", f"{name!r} is not a written context; only typed:… contexts can be deleted")
+        key = self._named_key(name)
+        self.contexts.delete(key)
+        self.written.remove(name)
+        return {"context": name, "status": "deleted"}
+
+    def _named_key(self, name: str) -> ContextKey:
+        """The key of a context name: written (``typed:…``) or ``MODEL[:SETS]`` with the service's defaults."""
+        if name.startswith(TYPED_PREFIX):
+            key = self.written.keys.get(name)
+            if key is None:
+                raise FieldError("name", f"no written context {name!r}; POST /api/contexts writes one", 404)
+            return key
+        return self.context_key(context=name)
 
     # ---------------------------------------------------------------- queries
     def _encoder_for(self, field: str, images: bool = False) -> Any:
@@ -499,7 +568,7 @@ class Service:
         row = self.check_row(req.row) if kind == "row" else self.find_row(req.id)
         info = {"kind": kind, "id": self.item_id(row), "row": row, "text": self.item_text(row),
                 "labels": self.labels_of(row)}
-        return self.G[row].numpy().copy(), info, row
+        return self.rows[row].astype(np.float32), info, row
 
     # ----------------------------------------------------------------- items
     def item_text(self, row: int) -> str | None:
@@ -569,7 +638,7 @@ class Service:
         key = tuple((c, tuple(map(repr, vals))) for c, vals in sorted(spec.items()))
         return self._filters.get_or_build(key, build)
 
-    def _knn(self, ctx: Context, q: np.ndarray, k: int, own: int | None,
+    def _knn(self, ctx: LiveContext, q: np.ndarray, k: int, own: int | None,
              rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """Top-k rows of the collection (or of the sorted ``rows``) for one query, ``own`` left out."""
         left = self.n if rows is None else len(rows)
@@ -579,8 +648,8 @@ class Service:
         k = min(k, left)
         if k <= 0:
             return np.zeros(0), np.zeros(0, dtype=np.int64)
-        d, i = ctx.index.search(q[None], k=k, exclude=None if own is None else np.array([[own]]), filter=rows)
-        return np.asarray(d[0]), i[0]
+        d, i = ctx.store.search(q[None], k=k, exclude=None if own is None else np.array([[own]]), allow=rows)
+        return np.asarray(d[0]), np.asarray(i[0])
 
     def _index_search(self, name: str, q: np.ndarray, k: int, own: int | None,
                       rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -590,20 +659,20 @@ class Service:
             k = min(k, len(keep))
             if k <= 0:
                 return np.zeros(0), np.zeros(0, dtype=np.int64)
-            d, i = idx.model.search(q[None], self.G[torch.from_numpy(keep)].numpy(), k=k, symmetric=idx.symmetric)
+            d, i = idx.model.search(q[None], self.rows.take(keep).astype(np.float32), k=k, symmetric=idx.symmetric)
             return np.asarray(d[0]), keep[np.asarray(i[0])]
         k = min(k, len(idx) - (own is not None))
         d, ids = idx.search(q[None], k=k, exclude=None if own is None else np.array([[own]]))
         keep = ids[0] >= 0
         return np.asarray(d[0])[keep], ids[0][keep]
 
-    def why(self, ctx: Context, q: np.ndarray, top: int = 3) -> list[dict]:
+    def why(self, ctx: LiveContext, key: ContextKey, q: np.ndarray, top: int = 3) -> list[dict]:
         """The anchors the query puts the most mass on: p(i | q) ∝ wᵢ exp(qᵀγᵢ / τ)."""
-        A = ctx.anchors
+        A, owners = ctx.info.get("anchors"), ctx.info.get("owners")
         if A is None or not A.texts:
             return []
-        found = explain(A, q, ctx.key.tau or self.tau or 1.0, top=top)
-        return [{"anchor": A.texts[i], "set": ctx.anchor_sets[i] if ctx.anchor_sets else None, "mass": float(m)}
+        found = explain(A, q, key.tau or self.tau or 1.0, top=top)
+        return [{"anchor": A.texts[i], "set": owners[i] if owners else None, "mass": float(m)}
                 for i, m in zip(found.top_indices[0].tolist(), found.top_probabilities[0].tolist())]
 
     def hit(self, rank: int, row: int, dist: float, kind: str, base: str = "") -> dict:
@@ -623,6 +692,12 @@ class Service:
             for f in ("model", "context", "tau", "params"):
                 if getattr(req, f) is not None:
                     raise FieldError(f, "cannot be combined with index (the index holds its model)")
+        elif (context or "").strip().startswith(TYPED_PREFIX):
+            for f in ("model", "tau", "params"):
+                if getattr(req, f) is not None:
+                    raise FieldError(f, f"cannot be combined with the written context {context.strip()} "
+                                        "(it holds its geometry and parameters)")
+            return self._named_key(context.strip()), None
         else:
             model, context, index = self.parse_context(context, req.model)
             if index is not None:
@@ -653,11 +728,14 @@ class Service:
         else:
             ctx = self.context(key)
             d, i = self._knn(ctx, q, req.k, own, rows)
+            anchors = ctx.info.get("anchors")
             ctx_info = {"name": key.name, "model": key.model, "anchors": key.anchors, "tau": key.tau,
                         "params": dict(key.params), "symmetric": key.symmetric,
-                        "n_anchors": 0 if ctx.anchors is None else len(ctx.anchors)}
+                        "n_anchors": 0 if anchors is None else len(anchors), "path": ctx.path}
+            if key.written:
+                ctx_info["written"] = list(key.written)
             kind = similarity_kind(ctx.model)
-            why = self.why(ctx, q)
+            why = self.why(ctx, key, q)
         ctx_info["similarity"] = SIMILARITY[kind]
         results = [self.hit(r + 1, int(row), dist, kind, base)
                    for r, (dist, row) in enumerate(zip(d.tolist(), i.tolist()))]
@@ -701,7 +779,7 @@ class Service:
         out, seen = [], set()
         for hit in res["results"]:
             if req.deduplicate:
-                digest = self.G[hit["row"]].numpy().tobytes()
+                digest = self.rows[hit["row"]].tobytes()
                 if digest in seen:
                     continue
                 seen.add(digest)

@@ -1,8 +1,8 @@
 """The emoji demo: the same picture under object anchors and under style anchors.
 
-The held-out emoji of :mod:`anchordiv.emoji` (objects never seen in training, each drawn
+The held-out emoji of :mod:`anchordiv.apps.emoji` (objects never seen in training, each drawn
 by Google and by Twitter) are embedded with the committed emoji CLIP
-(``anchordiv.emoji.CLIP_SPEC``). Two anchor sets define two geometries: the
+(``anchordiv.apps.emoji.CLIP_SPEC``). Two anchor sets define two geometries: the
 **objects** (``"a {name} emoji"`` for every emoji shown) and the **styles** (the style
 captions of every vendor). Under object anchors a picture's neighbours should be the
 same emoji in the other style; under style anchors, other emoji in its own style.
@@ -35,23 +35,23 @@ def image_demo_data(encoder: Any = None, cache: Any = None, *, n_emoji: int | No
     Parameters
     ----------
     encoder : str or Encoder, optional
-        Default: the committed emoji CLIP (``anchordiv.emoji.CLIP_SPEC``).
+        Default: the committed emoji CLIP (``anchordiv.apps.emoji.CLIP_SPEC``).
     cache : path, optional
-        The emoji folder (default :func:`anchordiv.emoji.default_cache`).
+        The emoji folder (default :func:`anchordiv.apps.emoji.default_cache`).
     n_emoji : int, optional
         Use this many held-out emoji (drawn with ``seed``), each in every style; all by default.
 
     Returns
     -------
     dict
-        ``pictures`` (list of :class:`anchordiv.emoji.Emoji`), ``labels`` (DataFrame with
+        ``pictures`` (list of :class:`anchordiv.apps.emoji.Emoji`), ``labels`` (DataFrame with
         ``object`` and ``style``), ``X`` (image embeddings), ``anchor_sets`` (name ->
         AnchorSet), ``encoder`` and ``tau``.
     """
     import pandas as pd
 
-    from .anchors import AnchorSet
-    from .encoders import load
+    from ..encoders import load
+    from .demo import split_anchor_sets
 
     pictures = [e for e in emoji.load(cache) if emoji.is_held_out(e.name)]
     names = sorted({e.name for e in pictures})
@@ -72,10 +72,7 @@ def image_demo_data(encoder: Any = None, cache: Any = None, *, n_emoji: int | No
     }
     flat = [p for ps in phrases.values() for p in ps]
     E = enc.encode_text(flat, progress=False)
-    sets, start = {}, 0
-    for name, ps in phrases.items():
-        sets[name] = AnchorSet(E[start:start + len(ps)], texts=ps)
-        start += len(ps)
+    sets = split_anchor_sets(E, phrases)
     labels = pd.DataFrame({"object": [e.name for e in pictures], "style": [e.vendor for e in pictures]})
     return {"pictures": pictures, "labels": labels, "X": X, "anchor_sets": sets, "encoder": enc,
             "tau": float(enc.tau)}
@@ -93,12 +90,12 @@ def run_image_demo(out_dir: str | os.PathLike = "emoji-demo-report", encoder: An
     """
     import pandas as pd
 
-    from . import report
-    from ._util import positive_int
-    from .models.baselines import Cosine
+    from .. import report
+    from .._util import positive_int
+    from ..models.baselines import Cosine
     from .demo import format_table, pick_queries
-    from .experiments.core import mean_auprc
-    from .models import Softmax
+    from ..experiments.core import mean_auprc
+    from ..models import Softmax
 
     say = echo or (lambda *_: None)
     t0 = time.perf_counter()
@@ -153,9 +150,9 @@ def build_image_demo_service(encoder: Any = None, cache: Any = None, *, n_emoji:
                              seed: int = 0) -> Any:
     """A :class:`~anchordiv.serve.service.Service` over the held-out emoji pictures, with
     the object and style anchor sets and thumbnails (``anchordiv demo --images --serve``)."""
-    from .anchorsfile import EmbeddedAnchors
-    from .io import Collection
-    from .serve.service import Service
+    from ..anchorsfile import EmbeddedAnchors
+    from ..io import Collection
+    from ..serve.service import Service
 
     data = image_demo_data(encoder, cache, n_emoji=n_emoji, seed=seed)
     meta = data["labels"].copy()
@@ -180,9 +177,9 @@ def cli_demo(out_dir: str, seed: int, k: int, n_queries: int, serve: bool, port:
     except FileNotFoundError as exc:
         raise click.ClickException(str(exc)) from None
     if serve:
-        from .serve.cli import DEFAULT_HOST, _check_deps, bind_port, run_service
+        from ..serve.cli import DEFAULT_HOST, bind_port, check_deps, run_service
 
-        _check_deps()
+        check_deps()
         sock = bind_port(DEFAULT_HOST, port)  # a busy port fails before the embedding
         click.echo("Embedding the held-out emoji pictures and the anchor sets ...")
         return run_service(build_image_demo_service(seed=seed), port=port, sock=sock)

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..serve.server import DEFAULT_HOST
+
 #: Label columns of the demo collection.
 DEMO_LABELS = ["breed", "place", "clothing"]
 _CACHE_FORMAT = "anchordiv.serve-demo-embeddings"
@@ -47,8 +49,8 @@ def build_demo_service(n: int = 360, seed: int = 0, encoder: Any = "minilm", des
                        cache: str | os.PathLike | None = None, echo: Callable[[str], Any] | None = None) -> Any:
     """A :class:`~anchordiv.serve.service.Service` over the scene demo collection.
 
-    The ``n`` scene descriptions of :func:`anchordiv.demo.make_scene_collection` and the
-    anchor sets of :func:`anchordiv.demo.scene_anchor_sets` (breeds, places, clothing),
+    The ``n`` scene descriptions of :func:`anchordiv.apps.demo.make_scene_collection` and the
+    anchor sets of :func:`anchordiv.apps.demo.scene_anchor_sets` (breeds, places, clothing),
     embedded with ``encoder`` (a spec or an encoder).
 
     With ``cache`` (a folder), the embeddings and τ are kept in
@@ -57,11 +59,10 @@ def build_demo_service(n: int = 360, seed: int = 0, encoder: Any = "minilm", des
     (a :class:`~anchordiv.encoders.LazyEncoder` loads it at the first text query).
     """
     from .._util import atomic_write
-    from ..anchors import AnchorSet
     from ..anchorsfile import EmbeddedAnchors, encoder_slug
-    from ..demo import make_scene_collection, scene_anchor_sets
+    from .demo import make_scene_collection, scene_anchor_sets, split_anchor_sets
     from ..io import Collection
-    from .service import Service
+    from ..serve.service import Service
 
     say = echo or (lambda msg: None)
     if isinstance(encoder, str):
@@ -95,10 +96,7 @@ def build_demo_service(n: int = 360, seed: int = 0, encoder: Any = "minilm", des
             except OSError as exc:
                 warnings.warn(f"could not write the embedding cache {str(file)!r} ({exc}); continuing without it",
                               stacklevel=2)
-    sets, start = {}, 0
-    for set_name, ps in phrases.items():
-        sets[set_name] = AnchorSet(E[start:start + len(ps)], texts=ps)
-        start += len(ps)
+    sets = split_anchor_sets(E, phrases)
     meta = labels[DEMO_LABELS].copy()
     meta.insert(0, "text", texts)
     coll = Collection(embeddings=X, metadata=meta, kind="text", tau=tau, encoder=name,
@@ -119,3 +117,21 @@ def demo_service(n: int = 360, seed: int = 0, encoder: str = "minilm") -> Any:
     from ..encoders import LazyEncoder
 
     return build_demo_service(n, seed, LazyEncoder(encoder))
+
+
+def serve_demo(n: int = 360, seed: int = 0, encoder: Any = "minilm", host: str = DEFAULT_HOST,
+               port: int = 8000) -> None:
+    """Build the scene demo's service and serve it (``anchordiv demo --serve``).
+
+    The embeddings are cached in :func:`demo_cache_dir`; with a warm cache the encoder loads in
+    a background thread once the server has started.
+    """
+    import click
+
+    from ..serve.cli import bind_port, check_deps, run_service
+
+    check_deps()
+    sock = bind_port(host, port)
+    service = build_demo_service(n=n, seed=seed, encoder=encoder, cache=demo_cache_dir(),
+                                 echo=lambda msg: click.echo(msg))
+    run_service(service, host=host, port=port, sock=sock, on_started=service.warm_up)

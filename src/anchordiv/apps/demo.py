@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ._util import positive_int
+from .._util import positive_int
 
 #: The three factors of a scene, in display order.
 FACTORS = ("breed", "place", "clothing")
@@ -392,14 +392,6 @@ def run_demo(
     ValueError
         For a bad ``n``, ``k`` or ``anchor_design``, or ``k`` not below ``n``.
     """
-    import pandas as pd
-
-    from . import report
-    from .anchors import AnchorSet
-    from .models.baselines import Cosine, ImageTextInversion
-    from .experiments.core import mean_auprc
-    from .models import Gaussian, Softmax
-
     say = echo or (lambda *_: None)
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
@@ -411,7 +403,7 @@ def run_demo(
 
     t = time.perf_counter()
     if isinstance(encoder, str):
-        from .encoders import load
+        from ..encoders import load
 
         enc = load(encoder, device=device)
     else:
@@ -419,57 +411,22 @@ def run_demo(
     timings["load"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    X = enc.encode_text(texts, progress=progress)
-    phrases = [p for ps in anchor_sets.values() for p in ps]
-    E = enc.encode_text(phrases, progress=False)
+    X, sets, tau = _embed(enc, texts, anchor_sets, progress)
     timings["embed"] = time.perf_counter() - t
-    tau = float(enc.tau)
-    sets, start = {}, 0
-    for name, ps in anchor_sets.items():
-        sets[name] = AnchorSet(E[start:start + len(ps)], texts=ps)
-        start += len(ps)
 
     t = time.perf_counter()
-    geometries: dict[str, Any] = {"cosine": Cosine()}
-    shown: dict[str, report.ReportGeometry] = {"cosine": report.ReportGeometry(Cosine(), label="cosine (no anchors)")}
-    for name, aset in sets.items():
-        factor = ANCHOR_FACTORS[name]
-        for model_name, model in (("iti", ImageTextInversion()), ("softmax", Softmax(tau=tau)),
-                                  ("gaussian", Gaussian(tau=tau))):
-            key = f"{model_name} · {name}"
-            geometries[key] = model.fit(aset)
-            if model_name != "iti":
-                shown[key] = report.ReportGeometry(
-                    model, label=f"{key} ({len(aset)} anchors)", anchors=aset, factor=factor,
-                )
-    label_arrays = {f: labels[f].to_numpy() for f in FACTORS}
-    scores = {key: mean_auprc(geom, X, label_arrays, FACTORS) for key, geom in geometries.items()}
-    table = pd.DataFrame.from_dict(scores, orient="index")[list(FACTORS)]
-    table.index.name = "geometry"
+    table, shown = _fit_and_score(sets, X, labels, tau)
     timings["fit_and_score"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    out = Path(out_dir)
     qidx = list(query_indices) if query_indices is not None else pick_queries(labels, n_queries, seed)
     facts = {
         "collection": f"{n} generated scene descriptions (seed {seed}), {len(TEMPLATES)} templates",
         "encoder": f"{getattr(enc, 'name', type(enc).__name__)} (τ = {tau:g})",
         "anchors": f"design '{anchor_design}', " + ", ".join(f"{name} ({len(v)})" for name, v in anchor_sets.items()),
     }
-    result = report.compare(
-        X, X, shown, k=int(k), query_indices=qidx, labels=labels[list(FACTORS)], items=texts, kind="text",
-        info=facts,
-    )
-    paths = report.write_report(result, out, title="Scene demo: the same query under different anchor sets", png=png)
-    out.mkdir(parents=True, exist_ok=True)
-    md_path, csv_path = out / "auprc.md", out / "auprc.csv"
-    md_path.write_text(_markdown(table, anchor_sets, facts), encoding="utf-8")
-    with open(csv_path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(["geometry", "model", "anchor_set", *FACTORS])
-        for key, row in zip(table.index, table.to_numpy()):
-            model_name, _, set_name = key.partition(" · ")
-            w.writerow([key, model_name, set_name, *(f"{v:.6f}" for v in row)])
+    result, paths, md_path, csv_path = _write_report(Path(out_dir), X, texts, labels, shown, table, anchor_sets,
+                                                     facts, k=int(k), qidx=qidx, png=png)
     timings["report"] = time.perf_counter() - t
     seconds = time.perf_counter() - t_start
 
@@ -486,3 +443,77 @@ def run_demo(
         comparison=result, texts=texts, labels=labels, anchor_sets=anchor_sets, seconds=seconds,
         timings=timings,
     )
+
+
+def _embed(enc: Any, texts: list[str], anchor_sets: dict[str, list[str]],
+           progress: bool | None) -> tuple[Any, dict[str, Any], float]:
+    """The texts' embeddings, one :class:`~anchordiv.AnchorSet` per anchor set, and the encoder's τ."""
+    X = enc.encode_text(texts, progress=progress)
+    phrases = [p for ps in anchor_sets.values() for p in ps]
+    E = enc.encode_text(phrases, progress=False)
+    return X, split_anchor_sets(E, anchor_sets), float(enc.tau)
+
+
+def split_anchor_sets(E: Any, phrases: dict[str, list[str]]) -> dict[str, Any]:
+    """One :class:`~anchordiv.AnchorSet` per named set, from the embeddings ``E`` of all their
+    phrases in order."""
+    from ..anchors import AnchorSet
+
+    sets, start = {}, 0
+    for name, ps in phrases.items():
+        sets[name] = AnchorSet(E[start:start + len(ps)], texts=ps)
+        start += len(ps)
+    return sets
+
+
+def _fit_and_score(sets: dict[str, Any], X: Any, labels: Any, tau: float) -> tuple[Any, dict[str, Any]]:
+    """Mean AUPRC of cosine and of every geometry fitted to each anchor set (one row per geometry),
+    and the geometries the report shows."""
+    import pandas as pd
+
+    from .. import report
+    from ..experiments.core import mean_auprc
+    from ..models import Gaussian, Softmax
+    from ..models.baselines import Cosine, ImageTextInversion
+
+    geometries: dict[str, Any] = {"cosine": Cosine()}
+    shown: dict[str, report.ReportGeometry] = {"cosine": report.ReportGeometry(Cosine(), label="cosine (no anchors)")}
+    for name, aset in sets.items():
+        factor = ANCHOR_FACTORS[name]
+        for model_name, model in (("iti", ImageTextInversion()), ("softmax", Softmax(tau=tau)),
+                                  ("gaussian", Gaussian(tau=tau))):
+            key = f"{model_name} · {name}"
+            geometries[key] = model.fit(aset)
+            if model_name != "iti":
+                shown[key] = report.ReportGeometry(
+                    model, label=f"{key} ({len(aset)} anchors)", anchors=aset, factor=factor,
+                )
+    label_arrays = {f: labels[f].to_numpy() for f in FACTORS}
+    scores = {key: mean_auprc(geom, X, label_arrays, FACTORS) for key, geom in geometries.items()}
+    table = pd.DataFrame.from_dict(scores, orient="index")[list(FACTORS)]
+    table.index.name = "geometry"
+    return table, shown
+
+
+def _write_report(out: Path, X: Any, texts: list[str], labels: Any, shown: dict[str, Any], table: Any,
+                  anchor_sets: dict[str, list[str]], facts: dict[str, Any], *, k: int, qidx: list[int],
+                  png: bool) -> tuple[Any, Any, Path, Path]:
+    """The neighbour report (``index.html``, ``grid.png``) and ``auprc.md`` / ``auprc.csv`` in ``out``:
+    returns the comparison, the report's paths and the tables' paths."""
+    from .. import report
+
+    result = report.compare(
+        X, X, shown, k=k, query_indices=qidx, labels=labels[list(FACTORS)], items=texts, kind="text",
+        info=facts,
+    )
+    paths = report.write_report(result, out, title="Scene demo: the same query under different anchor sets", png=png)
+    out.mkdir(parents=True, exist_ok=True)
+    md_path, csv_path = out / "auprc.md", out / "auprc.csv"
+    md_path.write_text(_markdown(table, anchor_sets, facts), encoding="utf-8")
+    with open(csv_path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["geometry", "model", "anchor_set", *FACTORS])
+        for key, row in zip(table.index, table.to_numpy()):
+            model_name, _, set_name = key.partition(" · ")
+            w.writerow([key, model_name, set_name, *(f"{v:.6f}" for v in row)])
+    return result, paths, md_path, csv_path

