@@ -39,6 +39,7 @@ from .collections import (
     numbered_files,
 )
 from .embed import EmbedResult, embed_collection
+from .mapped import MappedRows
 from .readers import IMAGE_EXTENSIONS, list_images, read_parquet, read_texts
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "list_images",
     "load_collection",
     "manifest_files",
+    "MappedRows",
     "manifest_of",
     "numbered_files",
     "read_parquet",

@@ -41,8 +41,9 @@ class Collection(EmbeddingRows):
     Parameters
     ----------
     embeddings : numpy.ndarray of shape (n, d)
-        One embedding per row (float32 unless loaded with another ``dtype``; a read-only
-        ``numpy.memmap`` when loaded with ``mmap=True`` from a single file).
+        One embedding per row (float32 unless loaded with another ``dtype``; with ``mmap=True``,
+        a read-only ``numpy.memmap`` of a single file, or a :class:`~anchordiv.io.MappedRows` of
+        several shards).
     metadata : pandas.DataFrame or None
         One row per embedding, same order (for example ``image_path`` or ``caption``
         and label columns).
@@ -74,7 +75,9 @@ class Collection(EmbeddingRows):
     manifest: dict | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.embeddings, np.ndarray):
+        from .mapped import MappedRows
+
+        if not isinstance(self.embeddings, (np.ndarray, MappedRows)):
             self.embeddings = np.asarray(self.embeddings)
         if self.embeddings.ndim != 2:
             raise ValueError(
@@ -531,9 +534,10 @@ def load_collection(
         Which embeddings to load from a folder holding both ``img_emb/`` and
         ``text_emb/``; otherwise inferred.
     mmap : bool, optional
-        Memory-map a single ``.npy`` file (or single-shard collection) read-only instead
-        of reading it. Ignored, with a warning, when shards must be concatenated or
-        converted to ``dtype``.
+        Memory-map the ``.npy`` shards read-only instead of reading them: one file gives a
+        ``numpy.memmap``, several a :class:`~anchordiv.io.MappedRows` (rows read on use).
+        Ignored, with a warning, when the shards must be converted to ``dtype`` (pass
+        ``dtype=None`` to keep float16 shards as they are).
     dtype : str or None, optional
         Type of the returned embeddings (``"float32"`` by default, so float16 shards are
         upcast); ``None`` keeps the stored type.

@@ -267,11 +267,18 @@ def _load_npy_shards(
         )
     rows = [int(a.shape[0]) for a in arrays]
     target = np.dtype(dtype) if dtype is not None else np.result_type(*[a.dtype for a in arrays])
-    if mmap and len(arrays) == 1 and arrays[0].dtype == target:
-        return arrays[0], rows
+    if mmap and all(a.dtype == target for a in arrays):
+        if len(arrays) == 1:
+            return arrays[0], rows
+        from .mapped import MAPPED_DTYPES, MappedRows
+
+        if target in MAPPED_DTYPES:  # several shards: one (n, d) view of their maps
+            return MappedRows(arrays), rows
     if mmap:
-        why = "there are several shards" if len(arrays) > 1 else f"{arrays[0].dtype} is converted to {target}"
-        warnings.warn(f"mmap=True: embeddings are read into memory because {why}", stacklevel=3)
+        why = f"{arrays[0].dtype} is converted to {target}" if arrays[0].dtype != target else \
+            f"{target} shards are not mapped"
+        warnings.warn(f"mmap=True: embeddings are read into memory because {why} (pass dtype=None to keep the "
+                      "stored type)", stacklevel=3)
     out = np.empty((sum(rows), dims.pop()), dtype=target)
     pos = 0
     for a, r in zip(arrays, rows):

@@ -8,6 +8,7 @@ import warnings
 import torch
 
 from .._backend import concat, in_dtype
+from .._gemm import matmul_t
 from ..anchors import AnchorSet
 from ..linalg import row_norms
 from .base import AnchorModel, require_finite
@@ -125,8 +126,8 @@ class Softmax(AnchorModel):
     # --------------------------------------------------- probability features
     def _log_probs(self, X: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """log P(i | λ) = log w_i + λᵀγ_i/τ − κ for every anchor, computed in ``dtype`` (float64 by default)."""
-        log_w, gamma = self.log_weights_.to(dtype), self.anchors_.to(dtype)
-        logits = concat([torch.addmm(log_w, x.to(dtype), gamma.T, alpha=1 / self.tau_)
+        log_w, gamma = self.log_weights_.to(dtype), self.anchors_.to(dtype).contiguous()
+        logits = concat([matmul_t(x.to(dtype).contiguous(), gamma).mul_(1 / self.tau_).add_(log_w)
                          for x in (X[sl] for sl in self._chunks(X.shape[0], "softmax"))])
         return logits.sub_(torch.logsumexp(logits, dim=1, keepdim=True))
 
