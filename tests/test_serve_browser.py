@@ -359,3 +359,144 @@ def test_docs_page_renders_offline(browser, swagger, monkeypatch):
         assert not errors and not console, (errors, console)
         assert requests and all(u.startswith(s.url + "/") for u in requests), requests
         pg.close()
+
+
+WRITTEN = ["a photo of a dog on a snowy mountain", "a photo of a dog in a busy city street",
+           "a photo of a dog in a yellow raincoat"]
+
+
+def contexts_api(server, method="GET", path="", **kw):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        return c.request(method, "/api/contexts" + path, **kw)
+
+
+def make_written(pg, lines):
+    """Write ``lines`` in the box and click Make context; the context name the page shows as ready."""
+    pg.fill("#anchors-text", "\n".join(lines))
+    with pg.expect_request(lambda r: r.url.endswith("/api/contexts") and r.method == "POST") as sent:
+        pg.click("#make-context")
+    pg.wait_for_selector("#write-status[data-state=ready]")
+    return json.loads(sent.value.post_data), pg.text_content("#write-message").split()[1].rstrip(".,")
+
+
+def test_written_anchors_make_a_context_beside_cosine_and_the_file_set(page, server):
+    default = contexts_api(server).json()["default"]
+    sent, name = make_written(page, [WRITTEN[0], "", "  ", WRITTEN[1], WRITTEN[2], ""])  # blank lines dropped
+    assert sent == {"anchors": WRITTEN, "model": "softmax", "tau": default["tau"]}
+    assert name.startswith("typed:") and page.get_attribute("#write-progress", "value") == "1"
+    assert "Give a query" in page.text_content("#write-message")  # no query yet: nothing searched
+    assert page.eval_on_selector_all(".column", "els => els.length") == 0
+    status = contexts_api(server, path="/" + name).json()
+    assert status["context"] == name and status["status"] == "ready"
+    listed = {w["context"]: w for w in contexts_api(server).json()["written"]}
+    assert listed[name]["anchors"] == WRITTEN and listed[name]["model"] == "softmax"
+    page.fill("#q", QUERY)
+    page.press("#q", "Enter")
+    wait_ready(page, 3)
+    cols = shown(page)
+    assert [c["context"] for c in cols] == [name, "cosine", "softmax:breeds"]
+    data = [check_against_api(server, c, {"text": QUERY}) for c in cols]
+    assert data[0]["context"]["written"] == WRITTEN and data[0]["context"]["anchors"] == "typed"
+    assert cols[0]["ids"] != cols[1]["ids"] and cols[0]["ids"] != cols[2]["ids"]
+    top = data[0]["why"][0]["anchor"]
+    assert top in WRITTEN and f"“{top}”" in cols[0]["why"]
+    assert all(w in page.text_content(".column[data-column='0'] .written") for w in WRITTEN)
+    assert page.is_checked("#side") and page.input_value("#col-0") == name
+    assert "shown beside" in page.text_content("#write-message")
+    assert "anchors=" in page.url
+    page.click("#clear-written")  # the view before the context comes back; the URL drops the anchors
+    wait_ready(page)
+    assert [c["context"] for c in shown(page)] == ["softmax:breeds"] and not page.is_checked("#side")
+    assert [page.input_value(f"#col-{i}") for i in range(3)] == ["softmax:breeds", "softmax:places", "softmax:clothing"]
+    assert "anchors=" not in page.url and page.is_hidden("#clear-written")
+
+
+def test_the_url_restores_the_written_context_and_the_query(page, server, browser):
+    page.select_option("#model", "gaussian")
+    page.fill("#tau", "0.07")
+    page.dispatch_event("#tau", "change")
+    page.fill("#k", "8")
+    page.dispatch_event("#k", "change")
+    sent, name = make_written(page, WRITTEN[:2])
+    assert sent == {"anchors": WRITTEN[:2], "model": "gaussian", "tau": 0.07}
+    page.fill("#q", QUERY)
+    page.press("#q", "Enter")
+    wait_ready(page, 3)
+    page.click(".column[data-column='1'] .card")  # an item of cosine's column becomes the query
+    page.wait_for_function("() => document.getElementById('query-text').dataset.query.includes('id')")
+    wait_ready(page, 3)
+    before, query = shown(page), query_of(page)
+    assert [c["context"] for c in before] == [name, "cosine", "gaussian:breeds"]
+    for c in before:
+        check_against_api(server, c, query, k=8)
+    url = page.url
+    assert "anchors=" in url and f"id={query['id']}" in url and "model=gaussian" in url
+    fresh = browser.new_page(viewport={"width": 1500, "height": 1100})
+    errors = []
+    fresh.on("pageerror", lambda e: errors.append(str(e)))
+    fresh.goto(url)
+    fresh.wait_for_selector("body[data-ready=true]")
+    wait_ready(fresh, 3)
+    assert shown(fresh) == before and query_of(fresh) == query
+    assert fresh.input_value("#anchors-text") == "\n".join(WRITTEN[:2])
+    assert (fresh.input_value("#model"), fresh.input_value("#tau"), fresh.input_value("#k")) == ("gaussian", "0.07", "8")
+    assert fresh.get_attribute("#write-status", "data-state") == "ready" and fresh.url == url
+    assert not errors
+    fresh.close()
+
+
+def test_invalid_url_parameters_are_ignored(page, server):
+    page.goto(server.url + "/?model=nope&tau=-3&k=2.5&filter=%7B&a=zz&mix=7&side=1&cols=nope&cols=cosine"
+              "&id=no-such-item&amodel=cosine")
+    page.wait_for_selector("body[data-ready=true]")
+    assert (page.input_value("#model"), page.input_value("#tau"), page.input_value("#k")) == ("softmax", "0.05", "12")
+    assert (page.input_value("#filter"), page.input_value("#set-a"), page.input_value("#mix")) == ("", "breeds", "1")
+    assert page.is_checked("#side") and page.input_value("#col-0") == "softmax:breeds"
+    assert page.input_value("#col-1") == "cosine" and page.get_attribute("#clear-query", "hidden") is not None
+    page.goto(server.url + "/?q=" + QUERY.replace(" ", "+") + "&k=5&side=0")
+    page.wait_for_selector("body[data-ready=true]")
+    wait_ready(page)
+    col = shown(page)[0]
+    check_against_api(server, col, {"text": QUERY}, k=5)
+    assert query_of(page) == {"text": QUERY}
+
+
+def test_an_anchor_too_long_shows_the_servers_error(page, server):
+    lines = ["a photo of a dog", "x" * 301]
+    expected = contexts_api(server, "POST", json={"anchors": lines})
+    assert expected.status_code == 422
+    page.fill("#anchors-text", "\n".join(lines))
+    page.click("#make-context")
+    page.wait_for_selector("#write-status[data-state=error]")
+    assert page.text_content("#write-message") == expected.json()["error"]
+    assert "300 characters" in expected.json()["error"]
+    assert page.get_attribute("#anchors-text", "aria-invalid") == "true"
+    assert page.get_attribute("#write-status", "aria-live") == "polite" and page.is_hidden("#write-progress")
+    assert "anchors=" not in page.url and page.is_hidden("#clear-written")
+
+
+def test_build_progress_is_polled_until_ready(page, server):
+    """The page polls GET /api/contexts/NAME while the answer says building (here the POST's answer is
+    replaced by a 202 at 40%) and shows the progress, then the context when it is ready."""
+    polls = []
+
+    def building(route):
+        resp = route.fetch()
+        body = {**resp.json(), "status": "building", "progress": 0.4}
+        route.fulfill(status=202, json=body)
+
+    page.route(server.url + "/api/contexts", lambda r: building(r) if r.request.method == "POST" else r.fallback())
+    page.on("request", lambda r: polls.append(r.url) if "/api/contexts/typed" in r.url else None)
+    page.evaluate("""() => { window.seen = []; new MutationObserver(() => window.seen.push(
+        [document.getElementById('write-progress').value, document.getElementById('write-message').textContent]))
+        .observe(document.getElementById('write-status'), {subtree: true, childList: true, characterData: true,
+                                                            attributes: true}); }""")
+    page.fill("#q", QUERY)
+    page.press("#q", "Enter")
+    wait_ready(page)
+    _, name = make_written(page, WRITTEN[1:])
+    wait_ready(page, 3)
+    assert polls and all(u == f"{server.url}/api/contexts/{name.replace(':', '%3A')}" for u in polls)
+    seen = page.evaluate("window.seen")
+    assert [0.4, f"Building {name}: 40% of the collection"] in seen
+    assert shown(page)[0]["context"] == name

@@ -1,6 +1,6 @@
 """Values shared by the ``anchordiv`` commands: the options ``--param KEY=VALUE``, ``--rank`` and
-``--tau``, the model parameters they set (read from each model's declared ``PARAMS``), and the
-cells of the CSV files they write."""
+``--tau``, the model parameters they set (read from each model's declared ``PARAMS``), the anchors
+written by hand (``--anchor``, ``--anchor-file``), and the cells of the CSV files they write."""
 
 from __future__ import annotations
 
@@ -132,3 +132,70 @@ def model_param_values(models: Sequence[str], shortcuts: Mapping[str, Any], item
         for m in takers:
             out.setdefault(m, {})[name] = _value(model_params(m)[name], raw, f"{option} {key}")
     return out
+
+
+#: Name of the anchor set written by hand, where it sits beside named sets (``serve``).
+WRITTEN = "written"
+
+
+def written_anchor_options(f: Callable) -> Callable:
+    """``--anchor TEXT`` (repeatable) and ``--anchor-file FILE``: one anchor set written by hand, given to
+    the command as ``anchor_texts`` and ``anchor_file``."""
+    f = click.option("--anchor-file", "anchor_file", default=None, metavar="FILE",
+                     help="Anchors written by hand, one per line (UTF-8; blank lines and lines starting with # "
+                          "are skipped; no templates), after the --anchor texts in the same set.")(f)
+    return click.option("--anchor", "anchor_texts", multiple=True, metavar="TEXT",
+                        help="An anchor phrase written by hand (repeatable); embedded with the command's encoder "
+                             "as one set with the --anchor-file lines.")(f)
+
+
+def read_anchor_file(path: str) -> list[tuple[int, str]]:
+    """``(line number, phrase)`` of each anchor of ``path``: one per line, blank lines and ``#`` lines skipped."""
+    from .anchorsfile.parsing import MAX_PHRASES
+
+    def bad(why: str) -> click.BadParameter:
+        return click.BadParameter(why, param_hint="--anchor-file")
+
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise bad(f"{path!r} does not exist; write the anchors one per line in a UTF-8 text file, "
+                  "or give them with --anchor TEXT") from None
+    except IsADirectoryError:
+        raise bad(f"{path!r} is a folder; give a UTF-8 text file with one anchor per line") from None
+    except UnicodeDecodeError as exc:
+        raise bad(f"{path!r} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8") from None
+    except OSError as exc:
+        raise bad(f"cannot read {path!r} ({exc.strerror or exc}); check the path and its permissions") from None
+    lines = [(n, s) for n, s in enumerate((line.strip() for line in text.split("\n")), 1)
+             if s and not s.startswith("#")]
+    if not lines:
+        raise bad(f"{path!r} holds no anchors (only blank lines and # comments); write one anchor phrase per line")
+    if len(lines) > MAX_PHRASES:
+        raise bad(f"{path!r} holds {len(lines)} anchors, more than {MAX_PHRASES}; split it or sample it")
+    return lines
+
+
+def written_anchors(texts: Sequence[str], file: str | None, encoder: Any) -> tuple[str, Any, float | None] | None:
+    """``(label, AnchorSet, encoder tau)`` of the ``--anchor`` texts and ``--anchor-file`` lines (one set,
+    :meth:`anchordiv.AnchorSet.from_texts` with ``encoder``), or None when neither is given."""
+    from .anchors import AnchorSet
+
+    if not texts and file is None:
+        return None
+    if encoder is None:
+        raise click.UsageError(f"{'--anchor' if texts else '--anchor-file'} needs an encoder: pass --encoder SPEC "
+                               "(the collection records none)")
+    lines = read_anchor_file(file) if file is not None else []
+    names = [f"--anchor #{i + 1}" for i in range(len(texts))] + [f"line {n} of {file!r}" for n, _ in lines]
+    try:
+        aset = AnchorSet.from_texts(list(texts) + [s for _, s in lines], encoder)
+    except ValueError as exc:
+        found = [int(i) for i in re.findall(r"texts\[(\d+)\]", str(exc))]
+        if not found:
+            raise
+        why = re.sub(r"texts\[(\d+)\]", lambda m: names[int(m.group(1))], str(exc))
+        why = why.replace(" (weights= sets how much each counts)", "").rstrip(".")
+        raise click.BadParameter(why, param_hint="--anchor" if found[0] < len(texts) else "--anchor-file") from None
+    return f"{WRITTEN} ({len(aset)} anchor{'' if len(aset) == 1 else 's'})", aset, getattr(encoder, "tau", None)

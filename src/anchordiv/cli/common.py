@@ -15,6 +15,8 @@ import click
 from .._cli_values import csv_cell as _csv_cell
 from .._cli_values import model_param_values as _model_param_values
 from .._cli_values import tau_option as _tau_option
+from .._cli_values import written_anchor_options as _written_anchor_options  # noqa: F401 (for the commands)
+from .._cli_values import written_anchors as _written_anchors
 from .._util import json_scalar
 from ..encoders import LazyEncoder
 from ..models import default_tau, model_names, registry
@@ -219,6 +221,21 @@ def _resolve_anchor_options(specs: Sequence[str], encoder: LazyEncoder | None) -
         res = resolve_anchor_spec(spec, enc, arg="--anchors")
         out.append((spec, res.anchors, res.embedded.tau))
     return out
+
+
+def _one_anchor_set(spec: str | None, texts: Sequence[str], file: str | None, encoder: LazyEncoder | None,
+                    model_name: str) -> tuple[str, Any, float | None] | None:
+    """``(label, AnchorSet, encoder tau)`` of ``--anchors`` or of the written anchors (``--anchor``,
+    ``--anchor-file``; label ``written (N anchors)``), or None: the one set of ``search`` and ``index build``."""
+    written = bool(texts) or file is not None
+    if spec is not None and written:
+        raise click.UsageError("give the anchors one way: --anchors PATH[:SETS], or --anchor/--anchor-file, "
+                               "not both")
+    if model_name in _anchor_models() and spec is None and not written:
+        raise click.UsageError(f"--model {model_name} needs --anchors, --anchor or --anchor-file")
+    if written:
+        return _written_anchors(texts, file, encoder)
+    return _resolve_anchor_options([spec], encoder)[0] if spec else None
 
 
 def _default_tau(tau: float | None, collection: Any, anchor_taus: Sequence[float | None],

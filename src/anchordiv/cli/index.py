@@ -22,7 +22,6 @@ from .common import (
     INDEX_META_SUFFIX,
     RECALL_SAMPLE,
     RECALL_WARNING,
-    _anchor_models,
     _anchors_to,
     _as_device,
     _build_model,
@@ -39,13 +38,15 @@ from .common import (
     _load_collection,
     _model_options,
     _ModelChoice,
+    _one_anchor_set,
     _own_rows,
     _query_options,
-    _resolve_anchor_options,
     _results,
     _rows_of_ids,
+    _shorten,
     _tau_models,
     _to_numpy,
+    _written_anchor_options,
 )
 
 
@@ -212,6 +213,7 @@ def index() -> None:
 @click.argument("collection", type=click.Path(exists=True))
 @click.option("--anchors", "anchor_spec", default=None, metavar="PATH[:SETS]",
               help="Anchors file, or PATH:NAME[:P][,NAME[:P]...] for a mixture of its sets.")
+@_written_anchor_options
 @click.option("--model", "model_name", type=_ModelChoice(), default="softmax", show_default=True,
               help="Geometry (a registry name: built-in or an installed plug-in).")
 @_model_options("--model-param")
@@ -228,31 +230,33 @@ def index() -> None:
               help="Build on a local Dask cluster of this many worker processes (pip install 'dask[distributed]').")
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Build on an existing Dask cluster, e.g. tcp://10.0.0.5:8786.")
-def index_build(collection, anchor_spec, model_name, tau, components, rank, seed, model_params, backend, index_type,
-                params, asymmetric, encoder, device, out_path, workers, scheduler) -> None:
+def index_build(collection, anchor_spec, anchor_texts, anchor_file, model_name, tau, components, rank, seed,
+                model_params, backend, index_type, params, asymmetric, encoder, device, out_path, workers,
+                scheduler) -> None:
     """Fit a geometry and store a collection in a saved index.
 
     The index keeps the fitted model and keys each vector by its row number in the
     collection; a small OUT.anchordiv.json next to it records the collection, encoder
     and anchors for 'index search', with the index's digest and a fingerprint of the
     collection that 'index search' checks. Milvus without --param uri=... uses a milvus-lite file OUT.milvus.db.
+    Anchors written by hand (--anchor TEXT, --anchor-file FILE) replace --anchors; the
+    sidecar records their phrases.
 
     Example:
 
     \b
       anchordiv index build coll/ --anchors anchors.yaml:object:0.7,style:0.3 \\
           --model softmax --backend faiss --index-type hnsw --out coll.index
+      anchordiv index build coll/ --anchor-file breeds.txt --model softmax --out breeds.index
     """
     from ..index import build_index
 
     own = _check_model_options([model_name], tau, components, rank, seed, model_params, "--model-param")
     coll = _load_collection(collection)
     enc = _collection_encoder(coll, encoder, device)
-    if model_name in _anchor_models() and anchor_spec is None:
-        raise click.UsageError(f"--model {model_name} needs --anchors")
-    anchor_list = _resolve_anchor_options([anchor_spec], enc) if anchor_spec else []
-    t = _default_tau(tau, coll, [a[2] for a in anchor_list], enc, [model_name])
-    model = _build_model(model_name, _anchors_to(anchor_list[0][1] if anchor_list else None, device), t, own)
+    chosen = _one_anchor_set(anchor_spec, anchor_texts, anchor_file, enc, model_name)
+    t = _default_tau(tau, coll, [chosen[2]] if chosen else [], enc, [model_name])
+    model = _build_model(model_name, _anchors_to(chosen[1] if chosen else None, device), t, own)
     kwargs = _parse_params(params)
     backend_cls = backend_class(backend)
     if index_type is not None:
@@ -274,8 +278,10 @@ def index_build(collection, anchor_spec, model_name, tau, components, rank, seed
         recall = idx.recall(sample, k=min(10, len(idx)))
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     digest = idx.save(out_path)
-    meta = {"collection": os.path.abspath(collection), "encoder": enc.name if enc else None,
-            "model": model_name, "anchors": anchor_spec, "tau": t if model_name in _tau_models() else None,
+    written = list(chosen[1].texts) if chosen and anchor_spec is None else None
+    meta = {"collection": os.path.abspath(collection), "encoder": enc.name if enc else None, "model": model_name,
+            "anchors": _shorten("written: " + " | ".join(written), 200) if written else anchor_spec,
+            **({"anchor_texts": written} if written else {}), "tau": t if model_name in _tau_models() else None,
             "backend": backend, "n": len(idx), "recall@10": recall,
             "index_sha256": digest, "collection_fingerprint": coll.fingerprint()}
     _write_index_meta(out_path, meta)

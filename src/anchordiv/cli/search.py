@@ -29,6 +29,7 @@ from .common import (
     _load_collection,
     _model_options,
     _ModelChoice,
+    _one_anchor_set,
     _own_rows,
     _query_options,
     _resolve_anchor_options,
@@ -36,6 +37,8 @@ from .common import (
     _split_models,
     _tau_models,
     _to_numpy,
+    _written_anchor_options,
+    _written_anchors,
 )
 from .index import _search_index
 
@@ -45,6 +48,7 @@ from .index import _search_index
 @_query_options
 @click.option("--anchors", "anchor_spec", default=None, metavar="PATH[:SETS]",
               help="Anchors file, or PATH:NAME[:P][,NAME[:P]...] for a mixture of its sets.")
+@_written_anchor_options
 @click.option("--model", "model_name", type=_ModelChoice(), default="softmax", show_default=True,
               help="Geometry (a registry name: built-in or an installed plug-in).")
 @_model_options("--param", "--model-param")
@@ -56,21 +60,25 @@ from .index import _search_index
 @click.option("--include-self", is_flag=True, help="Keep a --query-row/--query-id item in its own results.")
 @click.option("--device", default=None, help="Torch device for the encoder and the search.")
 @_FORMAT_OPTION
-def search(collection: str, query_refs, query_texts, query_images, anchor_spec, model_name, tau, components, rank,
-           seed, model_params, k, encoder, index_path, asymmetric, include_self, device, fmt) -> None:
+def search(collection: str, query_refs, query_texts, query_images, anchor_spec, anchor_texts, anchor_file, model_name,
+           tau, components, rank, seed, model_params, k, encoder, index_path, asymmetric, include_self, device,
+           fmt) -> None:
     """Nearest neighbours of queries in a collection under one anchor geometry.
 
     Queries are items of the collection (--query-row N, its row number; --query-id ID,
     its value in the 'id' column), texts (--query-text) or images (--query-image),
     embedded with the encoder recorded in the collection (or --encoder). Each result
     shows the item's id (when the collection has an 'id' column) and its row. The
-    temperature defaults to the collection's (the encoder's) tau.
+    temperature defaults to the collection's (the encoder's) tau. Anchors come from
+    --anchors, or are written by hand with --anchor TEXT and --anchor-file FILE (one set).
 
     Example:
 
     \b
       anchordiv search coll/ --anchors anchors.yaml:style --model softmax \\
           --query-text "a watercolor of a harbour" -k 5
+      anchordiv search coll/ --anchor "a photo of a husky" --anchor "a photo of a beagle" \\
+          --query-text "a dog on the beach" -k 5
       anchordiv search coll/ --anchors anchors.yaml:object:0.7,style:0.3 \\
           --model latent_gaussian --rank 8 --query-id 12 --format json
       anchordiv search coll/ --anchors anchors.yaml --model gmm --param reg_covar=1e-4 --query-row 0
@@ -79,7 +87,8 @@ def search(collection: str, query_refs, query_texts, query_images, anchor_spec, 
     if index_path is not None:
         ctx = click.get_current_context()
         explicit = ctx.get_parameter_source("model_name") == click.core.ParameterSource.COMMANDLINE
-        given = [o for o, v in (("--anchors", anchor_spec), ("--model", model_name if explicit else None),
+        given = [o for o, v in (("--anchors", anchor_spec), ("--anchor", anchor_texts or None),
+                                ("--anchor-file", anchor_file), ("--model", model_name if explicit else None),
                                 ("--tau", tau), ("--components", components), ("--rank", rank),
                                 ("--seed", seed), ("--param", model_params or None),
                                 ("--asymmetric", asymmetric or None)) if v is not None]
@@ -89,11 +98,9 @@ def search(collection: str, query_refs, query_texts, query_images, anchor_spec, 
         return
     params = _check_model_options([model_name], tau, components, rank, seed, model_params)
     enc = _collection_encoder(coll, encoder, device)
-    if model_name in _anchor_models() and anchor_spec is None:
-        raise click.UsageError(f"--model {model_name} needs --anchors")
-    anchor_list = _resolve_anchor_options([anchor_spec], enc) if anchor_spec else []
-    anchor_set = anchor_list[0][1] if anchor_list else None
-    t = _default_tau(tau, coll, [a[2] for a in anchor_list], enc, [model_name])
+    chosen = _one_anchor_set(anchor_spec, anchor_texts, anchor_file, enc, model_name)
+    anchor_label, anchor_set, anchor_tau = chosen if chosen is not None else (None, None, None)
+    t = _default_tau(tau, coll, [anchor_tau] if chosen else [], enc, [model_name])
     model = _build_model(model_name, _anchors_to(anchor_set, device), t, params)
     queries = _gather_queries(coll, query_refs, query_texts, query_images, enc, coll.dim)
     import numpy as np
@@ -106,7 +113,7 @@ def search(collection: str, query_refs, query_texts, query_images, anchor_spec, 
     results = _results(coll, queries, _to_numpy(dist), _to_numpy(idx))
     if anchor_set is not None and t is not None:
         _add_top_anchors(results, anchor_set, Q, t)
-    _emit(results, fmt, {"collection": collection, "model": model_name, "anchors": anchor_spec,
+    _emit(results, fmt, {"collection": collection, "model": model_name, "anchors": anchor_label,
                          "tau": t if model_name in _tau_models() else None, "k": k}, ids=_has_ids(coll))
 
 
@@ -126,6 +133,7 @@ def _add_top_anchors(results: list[dict], anchors: Any, Q: Any, tau: float, top:
 @_query_options
 @click.option("--anchors", "anchor_specs", multiple=True, metavar="PATH[:SETS]",
               help="Anchors (repeatable: each spec is compared as its own context).")
+@_written_anchor_options
 @click.option("--model", "models", multiple=True, metavar="NAME[,NAME...]",
               help=f"Geometries to compare (repeatable or comma list) from {', '.join(model_names(builtin=True))} "
                    "or an installed plug-in; "
@@ -143,13 +151,15 @@ def _add_top_anchors(results: list[dict], anchors: Any, Q: Any, tau: float, top:
 @click.option("--out", "out_dir", default="report", show_default=True, type=click.Path(file_okay=False),
               help="Report folder.")
 @click.option("--device", default=None, help="Torch device for the encoder and the search.")
-def compare(collection, query_refs, query_texts, query_images, anchor_specs, models, tau, components, rank, seed,
-            model_params, k, encoder, label_columns, include_self, asymmetric, title, png, out_dir, device) -> None:
+def compare(collection, query_refs, query_texts, query_images, anchor_specs, anchor_texts, anchor_file, models, tau,
+            components, rank, seed, model_params, k, encoder, label_columns, include_self, asymmetric, title, png,
+            out_dir, device) -> None:
     """Neighbours of queries under several geometries side by side, written as an HTML report.
 
     Every anchor model (--model) is fitted to every --anchors spec; cosine appears once,
-    as it takes no anchors. Writes OUT/index.html (and OUT/grid.png) and prints the path
-    of the HTML page.
+    as it takes no anchors. Anchors written by hand (--anchor TEXT, --anchor-file FILE)
+    form one more context, 'written'. Writes OUT/index.html (and OUT/grid.png) and prints
+    the path of the HTML page.
 
     Example:
 
@@ -157,6 +167,8 @@ def compare(collection, query_refs, query_texts, query_images, anchor_specs, mod
       anchordiv compare coll/ --query-text "a red car" --query-id 3 \\
           --anchors anchors.yaml:object --anchors anchors.yaml:style \\
           --model softmax,latent_gaussian,cosine -k 6 --out report/
+      anchordiv compare coll/ --query-row 3 --anchors anchors.yaml:style \\
+          --anchor "a red car" --anchor "a blue car" --model softmax,cosine --out report/
     """
     import numpy as np
 
@@ -164,18 +176,20 @@ def compare(collection, query_refs, query_texts, query_images, anchor_specs, mod
 
     names = _split_models(models, default="softmax,cosine")
     params = _check_model_options(names, tau, components, rank, seed, model_params)
-    if any(m in _anchor_models() for m in names) and not anchor_specs:
-        raise click.UsageError(f"--model {','.join(m for m in names if m in _anchor_models())} needs --anchors")
+    if any(m in _anchor_models() for m in names) and not (anchor_specs or anchor_texts or anchor_file is not None):
+        raise click.UsageError(f"--model {','.join(m for m in names if m in _anchor_models())} needs --anchors, "
+                               "--anchor or --anchor-file")
     coll = _load_collection(collection)
     enc = _collection_encoder(coll, encoder, device)
-    anchor_list = _resolve_anchor_options(anchor_specs, enc)
+    written = _written_anchors(anchor_texts, anchor_file, enc)
+    anchor_list = _resolve_anchor_options(anchor_specs, enc) + ([written] if written else [])
     t = _default_tau(tau, coll, [a[2] for a in anchor_list], enc, names)
     geometries: dict[str, Any] = {}
     for name in names:
         if name in _anchor_models():
-            for spec, aset, _ in anchor_list:
+            for j, (spec, aset, _) in enumerate(anchor_list):  # a written label counts its anchors already
                 key = name if len(anchor_list) == 1 else f"{name} · {spec}"
-                label = f"{name} · {spec} ({len(aset)} anchors)"
+                label = f"{name} · {spec}" + (f" ({len(aset)} anchors)" if j < len(anchor_specs) else "")
                 geom = _build_model(name, _anchors_to(aset, device), t, params)
                 geometries[key] = report.ReportGeometry(geom, label=label, anchors=aset)
         else:
@@ -202,7 +216,7 @@ def compare(collection, query_refs, query_texts, query_images, anchor_specs, mod
     Q = np.stack(queries.vectors).astype(np.float32)
     Qd, Gd = _as_device(device, Q, coll.embeddings)
     info = {"collection": collection, "encoder": enc.name if enc else None,
-            "anchors": ", ".join(anchor_specs) or None,
+            "anchors": ", ".join(spec for spec, _, _ in anchor_list) or None,
             "tau": t if any(m in _tau_models() for m in names) else None}
     result = report.compare(
         Qd, Gd, geometries, k=k, query_rows=queries.rows, exclude_self=not include_self,

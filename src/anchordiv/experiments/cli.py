@@ -163,8 +163,9 @@ class _Inputs:
         given or default ``models``, ``baselines`` and ``references`` (and gmm for ``components``).
         """
         o, sig = self.opts, inspect.signature(protocol).parameters
-        fitted = ["gmm"] * (protocol is P.components) + [m for key in ("models", "baselines", "references")
-                                                          if key in sig for m in kwargs.get(key) or sig[key].default]
+        swept = [P.COMPONENTS_MODEL] * (protocol is P.components)
+        fitted = swept + [m for key in ("models", "baselines", "references") if key in sig
+                          for m in kwargs.get(key) or sig[key].default]
         components = o.get("components")
         if o.get("gmm_components") is not None:
             if components not in (None, o["gmm_components"]):
@@ -387,7 +388,8 @@ def adaptation(broad_spec, models, references, budgets, n_draws, **o):
           "anchordiv eval components coll/ --anchors anchors.yaml:breeds --factor breed \\\n"
           "      --anchors anchors.yaml:places --factor place --components 1,2,4,8 --out results/components",
           "one or more, each with its --factor")
-@_geometries("--baseline", tuple(m for m in model_names(builtin=True) if m != "gmm"), P.components, "references")
+@_geometries("--baseline", tuple(m for m in model_names(builtin=True) if m != P.COMPONENTS_MODEL), P.components,
+             "references")
 @_draws("gmm initialisations per M (default 3)")
 @_common(sweep_components=True)
 def components(references, n_components, n_draws, **o):

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from .._cli_values import WRITTEN, written_anchor_options, written_anchors
 from .server import DEFAULT_HOST, PortError, bind, is_loopback
 
 
@@ -60,10 +61,36 @@ def _index_option(value: str) -> tuple[str, str]:
     return name, path
 
 
+def service_anchors(anchors_file: str | None, texts: Any, file: str | None, encoder: Any) -> Any:
+    """The service's :class:`~anchordiv.anchorsfile.EmbeddedAnchors`: the sets of ``anchors_file`` and the
+    ``--anchor``/``--anchor-file`` anchors as the set ``written``; None without either."""
+    from dataclasses import replace
+
+    from ..anchorsfile import EmbeddedAnchors, embed_anchors
+
+    anchors = None
+    if anchors_file is not None:
+        if encoder is None:
+            raise click.UsageError("--anchors needs an encoder: pass --encoder SPEC (the collection records none)")
+        anchors = embed_anchors(anchors_file, encoder)
+        if WRITTEN in anchors.sets and (texts or file is not None):
+            raise click.BadParameter(f"{anchors_file!r} already has a set named {WRITTEN!r}; rename that set to "
+                                     "serve it beside the anchors written here", param_hint="--anchor")
+    written = written_anchors(texts, file, encoder)
+    if written is None:
+        return anchors
+    if anchors is None:
+        return EmbeddedAnchors(path=Path("<written>"), sets={WRITTEN: written[1]}, mix={WRITTEN: 1.0},
+                               encoder=encoder.name, tau=written[2], n_phrases=len(written[1]))
+    return replace(anchors, sets={**anchors.sets, WRITTEN: written[1]}, mix={**anchors.mix, WRITTEN: 1.0},
+                   n_phrases=anchors.n_phrases + len(written[1]))
+
+
 @click.command("serve", short_help="Serve a collection over HTTP: JSON API, clip-retrieval endpoints, web page.")
 @click.argument("collection", type=click.Path(exists=True))
 @click.option("--anchors", "anchors_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Anchors file (text or YAML with named sets); its sets become the page's contexts.")
+@written_anchor_options
 @click.option("--index", "index_specs", multiple=True, metavar="[NAME=]PATH",
               help="A saved index over the collection (anchordiv index build), searchable by NAME (repeatable).")
 @click.option("--host", default=DEFAULT_HOST, show_default=True, help="Address to bind (loopback by default).")
@@ -84,8 +111,8 @@ def _index_option(value: str) -> tuple[str, str]:
 @click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
               help="Allow a browser page from ORIGIN (e.g. a clip-retrieval front end) to call the API (repeatable).")
 @click.option("--device", default=None, help="Torch device of the encoder.")
-def serve_command(collection, anchors_file, index_specs, host, port, encoder, default_model, default_context, tau,
-                  label_columns, cache_mb, cors_origins, device) -> None:
+def serve_command(collection, anchors_file, anchor_texts, anchor_file, index_specs, host, port, encoder, default_model,
+                  default_context, tau, label_columns, cache_mb, cors_origins, device) -> None:
     """Serve COLLECTION: a web page where anchors steer similarity, and a JSON API.
 
     The page (at /) searches by text, by item (click a result) or by an uploaded image
@@ -93,18 +120,19 @@ def serve_command(collection, anchors_file, index_specs, host, port, encoder, de
     two or three contexts side by side. The API: GET /api/contexts, POST /api/search,
     GET /api/items/ID, GET /api/thumb/ID (ID: the collection's 'id' column, else the row
     number); clip-retrieval's GET /indices-list, POST /knn-service and POST /metadata.
-    Binds 127.0.0.1 unless --host says otherwise.
+    Binds 127.0.0.1 unless --host says otherwise. Anchors written by hand (--anchor TEXT,
+    --anchor-file FILE) are one more set, 'written'.
 
     Example:
 
     \b
       anchordiv serve coll/ --anchors anchors.yaml --port 8000
+      anchordiv serve coll/ --anchors anchors.yaml --anchor-file breeds.txt --context written
       curl -s localhost:8000/api/search -H 'Content-Type: application/json' \\
           -d '{"text": "a red car", "context": "softmax:object:0.7,style:0.3", "k": 5}'
     """
     check_deps()
     sock = bind_port(host, port)
-    from ..anchorsfile import embed_anchors
     from ..encoders import LazyEncoder
     from ..index import Index
     from ..io import load_collection
@@ -115,11 +143,7 @@ def serve_command(collection, anchors_file, index_specs, host, port, encoder, de
     enc = LazyEncoder(spec, device) if spec else None
     if enc is not None and encoder and coll.encoder and encoder != coll.encoder:
         warnings.warn(f"--encoder {encoder!r} differs from the collection's encoder {coll.encoder!r}")
-    anchors = None
-    if anchors_file is not None:
-        if enc is None:
-            raise click.UsageError("--anchors needs an encoder: pass --encoder SPEC (the collection records none)")
-        anchors = embed_anchors(anchors_file, enc)
+    anchors = service_anchors(anchors_file, anchor_texts, anchor_file, enc)
     if enc is not None:
         enc.loaded  # load now, so the first query is fast
     indexes = {}

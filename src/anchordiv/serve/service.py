@@ -428,12 +428,17 @@ class Service(ClipRetrieval):
         selection = self._selection(req.sets or TYPED, written=True)
         if TYPED not in dict(selection):
             raise FieldError("sets", f"gives the written anchors no mass; include {TYPED}, e.g. {TYPED}:0.6,SET:0.4")
-        tau = req.tau if req.tau is not None else self.tau
-        if tau is None:
-            raise FieldError("tau", f"geometry {model!r} needs a temperature and the service knows none")
+        tau = None
+        if model in TAU_MODELS:
+            tau = req.tau if req.tau is not None else self.tau
+            if tau is None:
+                raise FieldError("tau", f"geometry {model!r} needs a temperature and the service knows none")
+        elif req.tau is not None:
+            raise FieldError("tau", f"the geometry {model!r} takes no temperature; leave tau out")
         params = schemas.model_params(model, req.params, self.dim)
         weights = None if req.weights is None else tuple(float(w) for w in req.weights)
-        return ContextKey(model, selection, float(tau), params, req.symmetric, tuple(req.anchors), weights)
+        return ContextKey(model, selection, None if tau is None else float(tau), params, req.symmetric,
+                          tuple(req.anchors), weights)
 
     def create_context(self, data: Any) -> tuple[dict, int]:
         """``POST /api/contexts``: a context of anchors written by hand, built in the background; its
@@ -445,15 +450,18 @@ class Service(ClipRetrieval):
         except ValueError as exc:
             raise FieldError("anchors", str(exc).removeprefix("texts").lstrip(": ")) from None
         try:
-            self.written.add(key, anchors)
+            new = self.written.add(key, anchors)
         except ValueError as exc:
             raise FieldError("anchors", str(exc), 507) from None
         try:
             ctx = self.context(key, wait=min(self.build_wait, 0.5))
         except FieldError as exc:
-            if exc.status != 503 or not exc.extra:
-                raise
-            return exc.extra, 202
+            if exc.status == 503 and exc.extra:
+                return exc.extra, 202
+            if new:  # a context that cannot be built is not kept
+                self.contexts.delete(key)
+                self.written.remove(key.name)
+            raise
         return ctx.describe(), 200
 
     def context_status(self, name: str) -> dict:

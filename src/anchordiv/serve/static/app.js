@@ -2,7 +2,13 @@
 'use strict';
 
 const $ = (id) => document.getElementById(id);
-const state = { info: null, query: null, seq: 0, controllers: [] };
+// written: the context of written anchors on view ({name, anchors, model, tau, before: the columns it replaced});
+// picks: the initial columns.
+const state = { info: null, query: null, seq: 0, controllers: [], written: null, writeSeq: 0, picks: [],
+                restoring: false };
+const TYPED = 'typed:';
+const POLL_MS = 300;
+const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
 
 function el(tag, attrs, text) {
   const node = document.createElement(tag);
@@ -40,10 +46,10 @@ function updateMixLabel() {
   $('mix').setAttribute('aria-valuetext', text);
 }
 
-// A context name, as /indices-list gives it: MODEL, MODEL:SETS or index:NAME.
+// A context name, as /indices-list gives it: MODEL, MODEL:SETS, index:NAME or typed:DIGEST (written anchors).
 function column(name) {
   const model = name.split(':')[0];
-  return { name, model: model === 'index' ? null : model };
+  return { name, model: model === 'index' || name.startsWith(TYPED) ? null : model };
 }
 
 // The panel's context name: the geometry, with the panel's anchors when it takes anchors.
@@ -69,7 +75,8 @@ function columns() {
 function request(col) {
   const body = { context: col.name, k: Number($('k').value) || 12 };
   const tau = $('tau').value.trim();
-  if (col.model && modelInfo(col.model).takes_temperature && tau) body.tau = Number(tau);
+  const info = col.model && modelInfo(col.model);
+  if (info && info.takes_temperature && tau) body.tau = Number(tau);
   const f = $('filter').value;
   if (f) body.filter = JSON.parse(f);
   return body;
@@ -102,6 +109,10 @@ function renderColumn(section, data) {
   const ctx = data.context;
   section.append(el('h2', {}, ctx.name));
   section.append(el('p', { class: 'similarity' }, `similarity = ${ctx.similarity}`));
+  if (ctx.written && ctx.written.length) {
+    section.append(el('p', { class: 'written' }, `Written anchors (${ctx.model}, τ = ${ctx.tau}): ` +
+                                                 ctx.written.map((t) => `“${t}”`).join(' · ')));
+  }
   if (data.why && data.why.length) {
     const parts = data.why.map((w) => `“${w.anchor}” ${(100 * w.mass).toFixed(0)}%` + (w.set ? ` (${w.set})` : ''));
     section.append(el('p', { class: 'why' }, `Why: the query puts most anchor mass on ${parts.join(', ')}`));
@@ -135,6 +146,7 @@ function renderColumn(section, data) {
 }
 
 async function runAll() {
+  syncURL();
   if (!state.info || !state.query) return;
   for (const c of state.controllers) c.abort();
   state.controllers = [];
@@ -176,11 +188,16 @@ async function runAll() {
   }
 }
 
-function setQuery(q) {
+function showQuery(q) {
   state.query = q;
   $('query-text').textContent = `Query: ${q.label}`;
   $('query-text').dataset.query = JSON.stringify(q.fields);
   $('clear-query').hidden = false;
+  writtenReady();
+}
+
+function setQuery(q) {
+  showQuery(q);
   runAll();
 }
 
@@ -188,6 +205,30 @@ function fillSelect(sel, items, withNone) {
   sel.replaceChildren();
   if (withNone) sel.append(option('', withNone));
   for (const [value, text] of items) sel.append(option(value, text));
+}
+
+function writtenLabel(name, anchors) {
+  const text = anchors.join(' · ');
+  return `${name} (written: ${text.length > 40 ? `${text.slice(0, 39)}…` : text})`;
+}
+
+// A context offered in the column selects (added once).
+function offerColumn(name, text) {
+  document.querySelectorAll('.col-select').forEach((sel) => {
+    if (![...sel.options].some((o) => o.value === name)) sel.append(option(name, text || name));
+  });
+}
+
+// Select value if sel offers it; whether it did.
+function pick(sel, value) {
+  if (value === null || ![...sel.options].some((o) => o.value === value)) return false;
+  sel.value = value;
+  return true;
+}
+
+function setSide(on) {
+  $('side').checked = on;
+  $('columns-config').hidden = !on;
 }
 
 function init(info) {
@@ -226,13 +267,17 @@ function init(info) {
     for (const v of c.labels[col]) filters.push([JSON.stringify({ [col]: v }), `${col} = ${v}`]);
   }
   fillSelect($('filter'), filters, 'none');
-  const colOptions = [['panel', 'the panel (geometry and mixture above)'], ...info.names.map((n) => [n, n])];
+  const written = new Map((info.written || []).map((w) => [w.context, w.anchors]));
+  const colOptions = [['panel', 'the panel (geometry and mixture above)'],
+                      ...info.names.map((n) => [n, written.has(n) ? writtenLabel(n, written.get(n)) : n])];
   const anchorModel = info.default.anchors ? info.default.model : 'softmax';
   document.querySelectorAll('.col-select').forEach((sel, i) => {
     fillSelect(sel, colOptions, i === 2 ? 'none' : undefined);
-    const pick = info.sets[i] ? `${anchorModel}:${info.sets[i].name}` : (i === 0 ? 'panel' : (i === 1 ? 'cosine' : ''));
-    sel.value = info.names.includes(pick) || pick === 'panel' || pick === '' ? pick : 'panel';
+    const want = info.sets[i] ? `${anchorModel}:${info.sets[i].name}` : (i === 0 ? 'panel' : (i === 1 ? 'cosine' : ''));
+    sel.value = info.names.includes(want) || want === 'panel' || want === '' ? want : 'panel';
   });
+  state.picks = [...document.querySelectorAll('.col-select')].map((sel) => sel.value);
+  $('write-form').hidden = !c.text_queries;  // written anchors are embedded by the service's encoder
   $('image-upload').hidden = !c.image_queries;
   $('q').disabled = !c.text_queries;
   if (!c.text_queries) $('q').placeholder = 'No encoder: click an item to query by it';
@@ -256,14 +301,220 @@ function wire() {
     $('query-text').textContent = 'No query.';
     $('clear-query').hidden = true;
     setStatus('');
+    writtenReady();
+    syncURL();
     $('q').focus();
   });
+  $('write-form').addEventListener('submit', (e) => {
+    e.preventDefault();
+    const lines = anchorLines($('anchors-text').value);
+    if (!lines.length) {
+      writeStatus('error', 'Write at least one anchor, one per line.');
+      return;
+    }
+    const { model, tau } = writeGeometry();
+    makeContext(lines, model, tau).then((data) => { if (data) showWritten(data, lines, model, tau); });
+  });
+  $('anchors-text').addEventListener('input', () => $('anchors-text').removeAttribute('aria-invalid'));
+  $('clear-written').addEventListener('click', clearWritten);
   for (const id of ['model', 'tau', 'k', 'filter', 'set-a', 'set-b']) {
     $(id).addEventListener('change', () => { updateMixLabel(); runAll(); });
   }
   $('mix').addEventListener('input', () => { updateMixLabel(); runAll(); });
-  $('side').addEventListener('change', () => { $('columns-config').hidden = !$('side').checked; runAll(); });
+  $('side').addEventListener('change', () => { setSide($('side').checked); runAll(); });
   document.querySelectorAll('.col-select').forEach((sel) => sel.addEventListener('change', runAll));
+}
+
+// ------------------------------------------------------------ written anchors
+function anchorLines(text) {
+  return String(text).split(/\r?\n/).map((line) => line.trim()).filter(Boolean);
+}
+
+// The geometry of written anchors: the panel's when it takes anchors (else softmax), with the page's τ.
+function writeGeometry() {
+  const panel = modelInfo($('model').value);
+  const model = panel && panel.needs_anchors ? panel.name : 'softmax';
+  const tau = $('tau').value.trim();
+  const info = modelInfo(model);
+  return { model, tau: info && info.takes_temperature && tau && Number.isFinite(Number(tau)) ? Number(tau) : null };
+}
+
+function writeStatus(kind, text, progress) {
+  const box = $('write-status');
+  box.dataset.state = kind;
+  box.classList.toggle('error', kind === 'error');
+  const bar = $('write-progress');
+  bar.hidden = progress === undefined || progress === null;
+  if (!bar.hidden) {
+    bar.value = Math.min(1, Math.max(0, Number(progress) || 0));
+    bar.setAttribute('aria-valuetext', `${(100 * bar.value).toFixed(0)}%`);
+  }
+  $('write-message').textContent = text;
+}
+
+async function getJSON(url, init) {
+  const resp = await fetch(url, init);
+  let data = null;
+  try { data = await resp.json(); } catch (err) { data = null; }
+  return { ok: resp.ok, status: resp.status, data: data || {} };
+}
+
+// POST the anchors, then poll the build while it runs; the ready status, or null (the error is shown).
+async function makeContext(lines, model, tau) {
+  const seq = ++state.writeSeq;
+  const body = { anchors: lines, model };
+  if (tau !== null) body.tau = tau;
+  $('anchors-text').removeAttribute('aria-invalid');
+  writeStatus('building', `Embedding ${lines.length} anchor${lines.length === 1 ? '' : 's'}…`, 0);
+  try {
+    let r = await getJSON('/api/contexts', { method: 'POST', headers: { 'Content-Type': 'application/json' },
+                                             body: JSON.stringify(body) });
+    while (r.ok && r.data.status === 'building') {
+      if (seq !== state.writeSeq) return null;
+      const pct = (100 * (Number(r.data.progress) || 0)).toFixed(0);
+      writeStatus('building', `Building ${r.data.context}: ${pct}% of the collection`, r.data.progress);
+      await sleep(POLL_MS);
+      if (seq !== state.writeSeq) return null;
+      r = await getJSON(`/api/contexts/${encodeURIComponent(r.data.context)}`);
+    }
+    if (seq !== state.writeSeq) return null;
+    if (!r.ok || r.data.status !== 'ready') {
+      const msg = r.data.error || (r.ok ? `${r.data.context} is ${r.data.status}` : `HTTP ${r.status}`);
+      if (!r.ok && String(r.data.field || '').startsWith('anchors')) $('anchors-text').setAttribute('aria-invalid', 'true');
+      writeStatus('error', msg);
+      return null;
+    }
+    return r.data;
+  } catch (err) {
+    if (seq === state.writeSeq) writeStatus('error', `Cannot reach the service: ${err.message}`);
+    return null;
+  }
+}
+
+// Show a ready written context beside cosine and the file's first set (in the same geometry), unless
+// keepColumns: the columns were chosen already (a shared URL).
+function showWritten(data, lines, model, tau, keepColumns) {
+  const name = data.context;
+  const selects = [...document.querySelectorAll('.col-select')];
+  const before = state.written ? state.written.before
+    : { side: keepColumns ? false : $('side').checked, cols: keepColumns ? state.picks : selects.map((sel) => sel.value) };
+  state.written = { name, anchors: lines, model, tau, before };
+  offerColumn(name, writtenLabel(name, lines));
+  if (!keepColumns) {
+    const first = state.info.sets[0];
+    const picks = [name, 'cosine', first ? `${model}:${first.name}` : ''];
+    if (picks[2]) offerColumn(picks[2]);
+    document.querySelectorAll('.col-select').forEach((sel, i) => { sel.value = picks[i]; });
+    setSide(true);
+  }
+  $('clear-written').hidden = false;
+  writtenReady(true);
+  if (!state.restoring) runAll();
+}
+
+// The written context's ready line (kept while another build or an error is shown, unless force).
+function writtenReady(force) {
+  if (!state.written || (!force && $('write-status').dataset.state !== 'ready')) return;
+  const name = state.written.name;
+  writeStatus('ready', state.query ? `Ready: ${name}, shown beside the other columns.`
+                                   : `Ready: ${name}. Give a query (text, or click an item) to see its neighbours.`, 1);
+}
+
+function clearWritten() {
+  const w = state.written;
+  if (!w) return;
+  state.written = null;
+  state.writeSeq++;
+  document.querySelectorAll('.col-select').forEach((sel, i) => { sel.value = w.before.cols[i]; });
+  setSide(w.before.side);
+  $('clear-written').hidden = true;
+  writeStatus('', '');
+  runAll();
+}
+
+// ------------------------------------------------------------ the URL holds the page's state
+function syncURL() {
+  if (state.restoring || !state.info) return;
+  const p = new URLSearchParams();
+  const q = state.query ? state.query.fields : {};
+  if (q.text !== undefined) p.set('q', q.text);
+  else if (q.id !== undefined) p.set('id', String(q.id));
+  p.set('model', $('model').value);
+  if ($('tau').value.trim()) p.set('tau', $('tau').value.trim());
+  p.set('k', $('k').value);
+  if ($('filter').value) p.set('filter', $('filter').value);
+  if ($('set-a').value) p.set('a', $('set-a').value);
+  if ($('set-b').value) p.set('b', $('set-b').value);
+  if (state.info.sets.length) p.set('mix', $('mix').value);
+  if ($('side').checked) {
+    p.set('side', '1');
+    const w = state.written && state.written.name;
+    document.querySelectorAll('.col-select').forEach((sel) => p.append('cols', sel.value === w ? 'written' : sel.value));
+  }
+  if (state.written) {
+    p.set('anchors', state.written.anchors.join('\n'));
+    p.set('amodel', state.written.model);
+    if (state.written.tau !== null) p.set('atau', String(state.written.tau));
+  }
+  history.replaceState(null, '', `${location.pathname}?${p.toString()}`);
+}
+
+// A number from the URL within [lo, hi], else null.
+function numberParam(p, name, lo, hi) {
+  const raw = p.get(name);
+  if (raw === null || !raw.trim()) return null;
+  const x = Number(raw);
+  return Number.isFinite(x) && x >= lo && x <= hi ? x : null;
+}
+
+// Read the controls, the written anchors and the query back from the URL; what is invalid is ignored.
+async function restore() {
+  const p = new URLSearchParams(location.search);
+  const info = state.info;
+  state.restoring = true;
+  try {
+    pick($('model'), p.get('model'));
+    const tau = numberParam(p, 'tau', Number($('tau').min), Number($('tau').max));
+    if (tau !== null) $('tau').value = String(tau);
+    const k = numberParam(p, 'k', 1, info.limits.max_k);
+    if (k !== null && Number.isInteger(k)) $('k').value = String(k);
+    pick($('filter'), p.get('filter'));
+    pick($('set-a'), p.get('a'));
+    pick($('set-b'), p.get('b'));
+    const mix = numberParam(p, 'mix', 0, 1);
+    if (mix !== null) $('mix').value = String(mix);
+    updateMixLabel();
+    if (p.get('side') === '1') setSide(true);
+    const text = p.get('q');
+    if (text && text.trim() && info.collection.text_queries) {
+      const t = text.trim().slice(0, info.limits.max_text);
+      $('q').value = t;
+      showQuery({ fields: { text: t }, label: `“${t}”` });
+    } else if (p.get('id') !== null && p.get('id') !== '') {
+      const r = await getJSON(`/api/items/${encodeURIComponent(p.get('id'))}`);
+      if (r.ok && r.data.id !== undefined) {
+        const label = r.data.text || `item ${r.data.id}`;
+        showQuery({ fields: { id: r.data.id }, label: `item ${r.data.id}: ${label}` });
+      }
+    }
+    const lines = anchorLines(p.get('anchors') || '');
+    if (lines.length && !$('write-form').hidden) {
+      $('anchors-text').value = lines.join('\n');
+      const amodel = modelInfo(p.get('amodel') || '');
+      const model = amodel && amodel.needs_anchors && amodel.available ? amodel.name : writeGeometry().model;
+      const atau = numberParam(p, 'atau', Number($('tau').min), Number($('tau').max));
+      const geometry = modelInfo(model).takes_temperature ? (atau !== null ? atau : writeGeometry().tau) : null;
+      const data = await makeContext(lines, model, geometry);
+      if (data) showWritten(data, lines, model, geometry, p.getAll('cols').length > 0);
+    }
+    const w = state.written && state.written.name;
+    p.getAll('cols').slice(0, 3).forEach((v, i) => { pick($(`col-${i}`), v === 'written' ? w : v); });
+  } catch (err) {
+    // a URL that cannot be read back leaves the page as it is
+  } finally {
+    state.restoring = false;
+  }
+  runAll();
 }
 
 async function main() {
@@ -271,10 +522,12 @@ async function main() {
   try {
     const resp = await fetch('/api/contexts');
     init(await resp.json());
-    document.body.dataset.ready = 'true';
   } catch (err) {
     setStatus(`Cannot load the service description: ${err.message}`, true);
+    return;
   }
+  await restore();
+  document.body.dataset.ready = 'true';
 }
 
 main();
