@@ -193,3 +193,31 @@ def test_every_help_shows_the_written_options():
         out = run(*command, "--help").output
         assert "--anchor TEXT" in out and "--anchor-file FILE" in out
         assert re.search(r"--anchor(-file)? ", out.split("Example", 1)[1])
+
+
+def test_eval_takes_written_anchors_like_the_python_protocol(ws, enc, tmp_path):
+    """``eval budget --anchor ... --anchor-file ...`` scores the same AUPRC as ``budget`` in Python on
+    ``AnchorSet.from_texts`` of the same phrases."""
+    import pandas as pd
+
+    from anchordiv.experiments import EvalData, budget
+
+    coll = load_collection(ws["coll"])
+    X = np.asarray(coll.embeddings, dtype=np.float32)
+    breed = [next((b for b in ("husky", "beagle", "poodle") if b in t), "other") for t in ITEMS]
+    path = tmp_path / "labelled.parquet"
+    pd.DataFrame({"embedding": list(X), "breed": breed}).to_parquet(path)
+    out = tmp_path / "eval"
+    run("eval", "budget", path, *written_args(ws), "--factor", "breed", "--encoder", "minilm", "--tau", "0.05",
+        "--budgets", "4", "--draws", "1", "--model", "softmax", "--n-boot", "20", "--out", out, "--no-progress")
+    cli = pd.read_csv(out / "budget_summary.csv")
+    data = EvalData.create(X, {"breed": np.array(breed)}, tau=0.05)
+    py = budget(data, ad.AnchorSet.from_texts(TEXTS + LINES, enc), "breed", budgets=[4], n_draws=1,
+                models=["softmax"], n_boot=20, progress=False).summary
+    for model in ("softmax", "cosine"):
+        got = cli.loc[cli["model"] == model, "auprc"].to_numpy()
+        want = py.loc[py["model"] == model, "auprc"].to_numpy()
+        assert got.size == want.size == 1 and got[0] == pytest.approx(want[0], abs=1e-6)
+    bad = run("eval", "coordinate", path, "--anchor", "a dog", "--factor", "breed", "--factor", "breed",
+              "--encoder", "minilm", "--out", out, ok=False)
+    assert bad.exit_code == 2 and "coordinate takes exactly 2 --anchors, got 1" in bad.output

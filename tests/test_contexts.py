@@ -282,3 +282,10 @@ def test_a_failed_fit_is_reported_and_retried(data):
     again.wait(30)
     assert again is not ctx and len(calls) == 2
     reg.close()
+
+
+def test_a_row_with_nan_is_named_at_build(data):
+    X = data["G64"].astype(np.float32)
+    X[4321, 3] = np.nan
+    with pytest.raises(ValueError, match="collection row 4321 holds NaN or inf"):
+        FeatureStore(GEOMETRIES["softmax-0.05"](data["A"]), X, memory_budget=1 << 20).build()

@@ -224,3 +224,30 @@ def test_a_geometry_without_temperature_and_a_failed_fit(served, demo):
     assert bad.status_code == 422 and bad.json()["field"] == "model" and "cannot fit" in bad.json()["error"]
     names = c.get("/indices-list").json()
     assert made["context"] in names and len([n for n in names if n.startswith("typed:")]) == 1
+
+
+def test_serve_maps_a_sharded_float16_collection(demo, tmp_path, monkeypatch):
+    """``anchordiv serve``'s collection is memory-mapped as stored; written contexts over it are exact."""
+    from anchordiv.io import MappedRows
+    from anchordiv.serve.cli import open_collection, state_folder
+
+    X = np.asarray(demo.collection.embeddings, dtype=np.float16)
+    folder = tmp_path / "coll" / "text_emb"
+    folder.mkdir(parents=True)
+    for i, (a, b) in enumerate([(0, 100), (100, 250), (250, 360)]):
+        np.save(folder / f"text_emb_{i}.npy", X[a:b])
+    coll = open_collection(str(tmp_path / "coll"))
+    assert isinstance(coll.embeddings, MappedRows) and coll.embeddings.dtype == np.float16
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    state = state_folder(str(tmp_path / "coll"), coll)
+    assert state.parent == tmp_path / "cache" / "anchordiv" / "serve"
+    assert state == state_folder(str(tmp_path / "coll"), open_collection(str(tmp_path / "coll")))
+    svc = Service(coll, None, demo.encoder, tau=demo.tau, state=state)
+    with ServerThread(create_app(svc)) as s, httpx.Client(base_url=s.url, timeout=60) as c:
+        name = c.post("/api/contexts", json={"anchors": WRITTEN}).json()["context"]
+        _ready(c, name)
+        _, rows, dist = _neighbours(c, {"row": ROW, "context": name, "k": 10})
+    G = X.astype(np.float64)
+    geom = ad.Softmax(tau=demo.tau).fit(ad.AnchorSet.from_texts(WRITTEN, demo.encoder))
+    assert_topk_up_to_rounding(geom, G[ROW][None], G, np.array([rows]), np.array([dist]), exclude=np.array([[ROW]]))
+    assert (state / "contexts.json").is_file()

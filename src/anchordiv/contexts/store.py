@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._backend import positive_int
+from .._backend import all_finite, positive_int
 from ..exact import DEFAULT_MEMORY_BUDGET, KEY_SHARE, NO_INDEX, exclusions, knn_within, smallest_k
 from ..io.mapped import MappedRows, as_rows
 
@@ -107,6 +107,9 @@ class _Store:
             with warnings.catch_warnings():  # a read-only map is only read
                 warnings.simplefilter("ignore", UserWarning)
                 x.copy_(torch.from_numpy(np.asarray(block)))  # torch's widening: vectorised, threaded
+            if not all_finite(x):
+                bad = start + int(torch.nonzero(~torch.isfinite(x).all(1))[0])
+                raise ValueError(f"collection row {bad} holds NaN or inf; recompute or drop that row")
             yield start, x
             self.done = start + block.shape[0]
             self.seconds = time.perf_counter() - start_time

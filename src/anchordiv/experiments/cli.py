@@ -24,9 +24,12 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from .._cli_values import tau_option
+from .._cli_values import WRITTEN, tau_option, written_anchor_options
 from ..models import default_tau, model_names
 from . import protocols as P
+
+#: Stands for the --anchor/--anchor-file set among the --anchors specs.
+WRITTEN_SPEC = object()
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -94,11 +97,21 @@ class _Inputs:
             self._encoder = load(self.encoder_spec, device=self.opts["device"])
         return self._encoder
 
+    def written(self) -> tuple[str, Any] | None:
+        """(display name, AnchorSet) of the ``--anchor`` texts and ``--anchor-file`` lines, or None."""
+        from .._cli_values import written_anchors
+
+        texts, file = self.opts.get("anchor_texts") or (), self.opts.get("anchor_file")
+        found = written_anchors(texts, file, self.encoder() if texts or file else None)
+        return None if found is None else (WRITTEN, found[1])
+
     def anchors(self, spec: str) -> tuple[str, Any]:
         """(display name, AnchorSet) of a ``.npy`` array of embeddings or an anchors-file spec."""
         from ..anchors import AnchorSet
         from ..anchorsfile import parse_anchor_spec, resolve_anchor_spec
 
+        if spec is WRITTEN_SPEC:
+            return self.written()
         if spec.endswith(".npy") and os.path.isfile(spec):
             import numpy as np
 
@@ -117,6 +130,9 @@ class _Inputs:
         from .core import match_labels
 
         (factor,) = self.opts["factors"]
+        if self.opts.get("anchor_texts") or self.opts.get("anchor_file"):
+            raise click.UsageError("--anchor/--anchor-file write one set; --multilabel needs a set per label: write them "
+                                   "in an anchors file (one set per label) and pass it with --anchors")
         known = self.data.label_names(factor)
         out = []
         for spec in self.opts["anchor_specs"]:
@@ -146,8 +162,11 @@ class _Inputs:
         return [(f"{n} · {stem}" if names.count(n) > 1 else n, A, f) for n, A, f, stem in out]
 
     def sets(self, low: int, high: int | None) -> list[tuple[str, Any, str]]:
-        """``[(name, AnchorSet, factor)]`` of ``--anchors`` and ``--factor``, which pair up in order."""
-        specs, factors = self.opts["anchor_specs"], self.opts["factors"]
+        """``[(name, AnchorSet, factor)]`` of ``--anchors`` and ``--factor``, which pair up in order; the
+        anchors written with ``--anchor``/``--anchor-file`` come last, as one more set."""
+        specs, factors = list(self.opts["anchor_specs"]), self.opts["factors"]
+        if self.opts.get("anchor_texts") or self.opts.get("anchor_file"):
+            specs.append(WRITTEN_SPEC)
         n = len(specs)
         if n < low or (high is not None and n > high):
             want = f"exactly {low}" if low == high else f"at least {low}"
@@ -294,7 +313,9 @@ def _command(name: str, short_help: str, example: str, anchors: str | None) -> C
                                  help=f"Anchors: PATH[:NAME[:P],...] of an anchors file, or a .npy of embeddings; "
                                       f"{anchors}."),
                     click.option("--factor", "factors", multiple=True, metavar="COLUMN",
-                                 help="Label column described by each --anchors, in the same order."))
+                                 help="Label column described by each --anchors, in the same order (the "
+                                      "--anchor/--anchor-file set last)."),
+                    written_anchor_options)
 
 
 def _geometries(option: str, allowed: Sequence[str] | dict, protocol: Callable, arg: str) -> Callable:

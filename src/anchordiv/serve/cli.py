@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -86,6 +87,25 @@ def service_anchors(anchors_file: str | None, texts: Any, file: str | None, enco
                    n_phrases=anchors.n_phrases + len(written[1]))
 
 
+def open_collection(path: str) -> Any:
+    """The collection with its shards memory-mapped as stored (float16 stays float16): opening it reads
+    the file headers and the metadata, so start-up does not grow with the number of rows. Rows are
+    checked for NaN and inf block by block as contexts are built."""
+    from ..io import load_collection
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="mmap=True")
+        return load_collection(path, mmap=True, dtype=None, check_finite=False)
+
+
+def state_folder(path: str, collection: Any) -> Path:
+    """Where the contexts written for this collection are kept by default:
+    ``$XDG_CACHE_HOME/anchordiv/serve/<digest of its path and fingerprint>`` (``~/.cache`` without it)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "anchordiv" / "serve"
+    digest = hashlib.sha256(f"{os.path.abspath(path)}\0{collection.fingerprint()}".encode()).hexdigest()[:16]
+    return root / digest
+
+
 @click.command("serve", short_help="Serve a collection over HTTP: JSON API, clip-retrieval endpoints, web page.")
 @click.argument("collection", type=click.Path(exists=True))
 @click.option("--anchors", "anchors_file", default=None, type=click.Path(exists=True, dir_okay=False),
@@ -108,11 +128,19 @@ def service_anchors(anchors_file: str | None, texts: Any, file: str | None, enco
               help="Metadata column shown as label chips (repeatable; default: 'label' or the categorical columns).")
 @click.option("--cache-mb", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Memory bound of the cache of fitted contexts (models and key features).")
+@click.option("--max-contexts", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Most contexts held at once, and most contexts written with POST /api/contexts kept.")
+@click.option("--state", "state_dir", default=None, type=click.Path(file_okay=False),
+              help="Folder keeping the contexts written with POST /api/contexts across restarts "
+                   "(default: one per collection under ~/.cache/anchordiv/serve).")
+@click.option("--build-wait", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds a search waits for its context's build before answering 503 with the progress.")
 @click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
               help="Allow a browser page from ORIGIN (e.g. a clip-retrieval front end) to call the API (repeatable).")
 @click.option("--device", default=None, help="Torch device of the encoder.")
 def serve_command(collection, anchors_file, anchor_texts, anchor_file, index_specs, host, port, encoder, default_model,
-                  default_context, tau, label_columns, cache_mb, cors_origins, device) -> None:
+                  default_context, tau, label_columns, cache_mb, max_contexts, state_dir, build_wait, cors_origins,
+                  device) -> None:
     """Serve COLLECTION: a web page where anchors steer similarity, and a JSON API.
 
     The page (at /) searches by text, by item (click a result) or by an uploaded image
@@ -121,7 +149,9 @@ def serve_command(collection, anchors_file, anchor_texts, anchor_file, index_spe
     GET /api/items/ID, GET /api/thumb/ID (ID: the collection's 'id' column, else the row
     number); clip-retrieval's GET /indices-list, POST /knn-service and POST /metadata.
     Binds 127.0.0.1 unless --host says otherwise. Anchors written by hand (--anchor TEXT,
-    --anchor-file FILE) are one more set, 'written'.
+    --anchor-file FILE) are one more set, 'written'; anchors written on the page or with
+    POST /api/contexts make contexts built in the background, kept in --state. The collection
+    is memory-mapped: start-up does not grow with its size.
 
     Example:
 
@@ -135,10 +165,9 @@ def serve_command(collection, anchors_file, anchor_texts, anchor_file, index_spe
     sock = bind_port(host, port)
     from ..encoders import LazyEncoder
     from ..index import Index
-    from ..io import load_collection
     from .service import Service
 
-    coll = load_collection(collection)
+    coll = open_collection(collection)
     spec = encoder or coll.encoder
     enc = LazyEncoder(spec, device) if spec else None
     if enc is not None and encoder and coll.encoder and encoder != coll.encoder:
@@ -155,7 +184,8 @@ def serve_command(collection, anchors_file, anchor_texts, anchor_file, index_spe
     try:
         service = Service(coll, anchors, enc, indexes=indexes, tau=tau, default_model=default_model,
                           default_context=default_context, label_columns=list(label_columns) or None,
-                          cache_bytes=cache_mb << 20)
+                          cache_bytes=cache_mb << 20, max_contexts=max_contexts, build_wait=build_wait,
+                          state=state_dir or state_folder(collection, coll))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     run_service(service, host=host, port=port, cors_origins=list(cors_origins) or None, sock=sock)
