@@ -20,6 +20,11 @@ benchmark reports, side by side in one run and for each size:
   context, the peer's cost of a new similarity; measured up to ``HNSW_MAX`` rows and extrapolated
   as n·log n beyond (marked so).
 
+And the service at size: ``anchordiv serve``'s collection (:func:`anchordiv.serve.cli.open_collection`)
+of 10⁵ and 10⁶ rows (d = 384, float16 shards, the MiniLM encoder): the start-up (opening the
+collection and making the service), the time from ``POST /api/contexts`` with 16 written anchors
+to a ready context, and the p50 of row and text queries over HTTP (loopback, one client).
+
 Run: ``.venv/bin/python benchmarks/bench_contexts.py [--quick] [--sizes 100000 1000000 10000000]``.
 The shards are generated once under ``/tmp/anchordiv_bench/contexts`` (10⁷ rows: 10 GB).
 """
@@ -226,6 +231,55 @@ def hnsw_seconds(model, rows: MappedRows, n: int, measured: dict) -> tuple[float
     return measured[base] * (n * math.log(n)) / (base * math.log(base)), False
 
 
+# --------------------------------------------------------------------- service
+SERVICE_SIZES = [100_000, 1_000_000]
+WRITTEN = [f"a photo of a {x}" for x in ("dog", "cat", "car", "boat", "tree", "house", "bird", "horse", "bicycle",
+                                         "mountain", "beach", "city street", "kitchen", "flower", "train", "plane")]
+
+
+def service_at_size(n: int, log, n_queries: int = 30) -> dict:
+    import httpx
+
+    from anchordiv.encoders import load
+    from anchordiv.serve import ServerThread, Service, create_app
+    from anchordiv.serve.cli import open_collection
+
+    folder = CACHE / f"serve{n}" / "text_emb"
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, start in enumerate(range(0, n, SHARD_ROWS)):
+        f = folder / f"text_emb_{i}.npy"
+        if not f.exists():
+            m = min(SHARD_ROWS, n - start)
+            np.save(f, bl.unit(torch.randn(m, 384, generator=torch.Generator().manual_seed(i))
+                               + clustered_384(m, i)).half().numpy())
+    encoder = load("minilm")
+    t0 = time.perf_counter()
+    coll = open_collection(str(folder.parent))
+    svc = Service(coll, None, encoder, state=None, cache_bytes=4 << 30)
+    startup = time.perf_counter() - t0
+    with ServerThread(create_app(svc)) as server, httpx.Client(base_url=server.url, timeout=120) as c:
+        t0 = time.perf_counter()
+        name = c.post("/api/contexts", json={"anchors": WRITTEN}).json()["context"]
+        while c.get(f"/api/contexts/{name}").json()["status"] == "building":
+            time.sleep(0.01)
+        ready = time.perf_counter() - t0
+        rows = np.random.default_rng(0).choice(n, n_queries, replace=False).tolist()
+        row_s = [_seconds(lambda: c.post("/api/search", json={"row": r, "context": name, "k": 10})) for r in rows]
+        text_s = [_seconds(lambda: c.post("/api/search", json={"text": f"a photo number {r}", "context": name,
+                                                               "k": 10})) for r in rows]
+    log(f"service n={n}: start-up {startup:.2f} s, ready {ready:.2f} s, row query p50 "
+        f"{1e3 * statistics.median(row_s):.1f} ms, text query p50 {1e3 * statistics.median(text_s):.1f} ms")
+    return {"n": n, "startup_s": startup, "ready_s": ready, "row_p50": statistics.median(row_s),
+            "text_p50": statistics.median(text_s)}
+
+
+def clustered_384(m: int, stream: int) -> torch.Tensor:
+    """Cluster centres of 384-d rows (the noise is added by the caller)."""
+    c = bl.unit(torch.randn(N_CLUSTERS, 384, generator=torch.Generator().manual_seed(99)))
+    g = torch.Generator().manual_seed(1000 + stream)
+    return c[torch.randint(N_CLUSTERS, (m,), generator=g)] * (math.sqrt(384) / NOISE)
+
+
 # ------------------------------------------------------------------------- run
 def run(quick: bool = False, log=print, sizes: list[int] | None = None) -> dict:
     cfg = QUICK if quick else FULL
@@ -266,10 +320,11 @@ def run(quick: bool = False, log=print, sizes: list[int] | None = None) -> dict:
                 + (f", HNSW {hn[0]:.0f} s{'' if hn[1] else ' (extrapolated)'}" if hn[0] else ""))
             del store, model, built
             gc.collect()
-    return report(results, bw, peaks, sizes)
+    service = [service_at_size(n, log) for n in SERVICE_SIZES]
+    return report(results, bw, peaks, sizes, service)
 
 
-def report(results: list[dict], bw: float, peaks: dict, sizes: list[int]) -> dict:
+def report(results: list[dict], bw: float, peaks: dict, sizes: list[int], service: list[dict]) -> dict:
     ms = lambda s: f"{1e3 * s:.1f}"  # noqa: E731
     rows = []
     for r in results:
@@ -289,7 +344,16 @@ def report(results: list[dict], bw: float, peaks: dict, sizes: list[int]) -> dic
                            for N, p in peaks.items())
     md = (f"Memory bandwidth (sum of 2 GiB): {bw / 1e9:.1f} GB/s. fp32 GEMM peaks measured in this run:\n"
           f"{peak_lines}\n\n" + bl.table(header, rows))
-    return {"markdown": md, "results": results, "targets": targets(results, sizes)}
+    md += "\n\nThe service (`anchordiv serve`'s memory-mapped collection, d = 384, MiniLM, HTTP on loopback):\n\n"
+    md += bl.table(["rows", "start-up", "16 written anchors: ready", "row query p50 ms", "text query p50 ms"],
+                   [[f"{r['n']:,}", bl.fmt_s(r["startup_s"]), bl.fmt_s(r["ready_s"]), ms(r["row_p50"]),
+                     ms(r["text_p50"])] for r in service])
+    out = targets(results, sizes)
+    big = max(service, key=lambda r: r["n"])
+    out.append(bl.target(f"service, {big['n']:,} rows: 16 written anchors ready ≤ 5 s / query p50 ≤ 50 ms",
+                         big["ready_s"] <= 5 and big["row_p50"] <= 0.05,
+                         f"{big['ready_s']:.2f} s / {1e3 * big['row_p50']:.1f} ms (text {1e3 * big['text_p50']:.1f} ms)"))
+    return {"markdown": md, "results": results, "service": service, "targets": out}
 
 
 def targets(results: list[dict], sizes: list[int]) -> list[dict]:
@@ -335,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = run(quick=args.quick, sizes=args.sizes)
     title = "Live contexts: time to a ready context and exact search over memory-mapped shards"
-    text = bl.write_result("contexts", title, out["markdown"], {"results": out["results"]}, out["targets"])
+    text = bl.write_result("contexts", title, out["markdown"], {"results": out["results"], "service": out["service"]},
+                           out["targets"])
     print(text)
     return 0
 

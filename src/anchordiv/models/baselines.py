@@ -29,6 +29,10 @@ class Cosine(Geometry):
 
     color = "#7f7f7f"
 
+    @classmethod
+    def tags(cls):
+        return replace(super().tags(), similarity="cosine")
+
     def __init__(self):
         pass
 
@@ -85,7 +89,7 @@ class ImageTextInversion(Geometry):
 
     @classmethod
     def tags(cls):
-        return replace(super().tags(), needs_anchors=True)
+        return replace(super().tags(), needs_anchors=True, similarity="iti")
 
     def __init__(self):
         pass

@@ -69,10 +69,9 @@ SIMILARITY = {"cosine": "cos(q, g) = 1 - distance, in [-1, 1]",
 
 
 def similarity_kind(model: Any) -> str:
-    """``"divergence"`` for an anchor model, ``"cosine"`` for cosine, else ``"iti"``."""
-    if type(model).tags().anchor_model:
-        return "divergence"
-    return "cosine" if isinstance(model, registry()["cosine"]) else "iti"
+    """How the geometry's distances read as similarities, as its class declares (``Tags.similarity``)."""
+    kind = type(model).tags().similarity
+    return kind if kind in SIMILARITY else "divergence"
 
 
 def similarity(kind: str, distance: float) -> float:
