@@ -107,8 +107,8 @@ def test_a_cached_latent_context_is_charged_its_real_storage():
                    *(t for t in vars(ctx.model).values() if hasattr(t, "untyped_storage"))]
         real = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
         shared = {key[-1] for key in storages(svc.rows, svc.anchors)}
-        features = N * ctx.store.width * 4  # float16 features and their float16 residuals
-        assert ctx.store.high.untyped_storage().nbytes() + ctx.store.low.untyped_storage().nbytes() == features
+        features = N * ctx.store.width * 4  # float32 features
+        assert ctx.store.low is None and ctx.store.high.untyped_storage().nbytes() == features
         want = sum(n for p, n in real.items() if p not in shared) + features + CONTEXT_OVERHEAD
         assert svc.contexts.stats()["bytes"] - before == want
 

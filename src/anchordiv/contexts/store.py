@@ -8,13 +8,12 @@ costs one pass over the rows, one GEMM per block, and a query one scan of n × m
 
 * :class:`FeatureStore` (``path = "scan"``): the rows are streamed in ``memory_budget``
   blocks (memory-mapped float16 or float32 shards, :class:`anchordiv.io.MappedRows`), ψ is
-  computed in float32 (``key_terms(..., precise=False)``) and stored in float16 where it
-  fits (its rounding residual kept beside it), else float32. A search scans the float16 ψ
-  with the exact core (:func:`anchordiv.exact.knn_within`, one pass), which keeps every row
-  whose scanned distance is within 2ε of the k-th, ε(q) a bound on the scan's error
-  (:meth:`FeatureStore.slack`); those rows are re-ranked in float64 with the residual
-  added back, so the result is the exact top-k over the float32 features, as the exact
-  index backend's.
+  computed in float32 (``key_terms(..., precise=False)``) and stored in float32 (or in float16
+  with its rounding residual beside it). A search scans the stored ψ with the exact core
+  (:func:`anchordiv.exact.knn_within`, one pass), which keeps every row whose scanned distance
+  is within 2ε of the k-th, ε(q) a bound on the scan's error (:meth:`FeatureStore.slack`);
+  those rows are re-ranked in float64 (the residual added back), so the result is the exact
+  top-k over the float32 features, as the exact index backend's, ties to the lower row.
 * :class:`IndexStore` (``path = "index"``): a geometry without a compact form (softmax with
   N > d, a mixture: 2d + 1 features) goes the existing way, an :class:`anchordiv.Index` of
   a registered backend filled block by block.
@@ -39,8 +38,9 @@ from .._backend import all_finite, positive_int
 from ..exact import DEFAULT_MEMORY_BUDGET, KEY_SHARE, NO_INDEX, exclusions, knn_within, smallest_k
 from ..io.mapped import MappedRows, as_rows
 
-#: Rows per block of a build at most (a float32 block of 512-d rows then fits in the last-level cache).
-BUILD_ROWS = 8192
+#: Rows per block of a build at most: a float32 block of 512-d rows fits in the last-level cache, and
+#: a geometry's own row chunks (``Geometry.batch_size``) need no concatenation.
+BUILD_ROWS = 4096
 #: Largest feature magnitude stored in float16 (its largest finite value is 65504).
 FLOAT16_LIMIT = 6.0e4
 #: Unit roundoff of float32 (the scan's arithmetic) and of float16 storage, and half the least float16 subnormal.
@@ -107,9 +107,6 @@ class _Store:
             with warnings.catch_warnings():  # a read-only map is only read
                 warnings.simplefilter("ignore", UserWarning)
                 x.copy_(torch.from_numpy(np.asarray(block)))  # torch's widening: vectorised, threaded
-            if not all_finite(x):
-                bad = start + int(torch.nonzero(~torch.isfinite(x).all(1))[0])
-                raise ValueError(f"collection row {bad} holds NaN or inf; recompute or drop that row")
             yield start, x
             self.done = start + block.shape[0]
             self.seconds = time.perf_counter() - start_time
@@ -151,11 +148,14 @@ class FeatureStore(_Store):
         The collection's embeddings (memory-mapped shards, or an array).
     symmetric : bool
         Rank by ½[d(q‖g) + d(g‖q)] (eq. F.1) when True.
-    storage : {"auto", "float16", "float32"}
-        How the features are kept. ``"float16"``: ψ rounded to float16 (``high``), scanned, and
-        the rounding residual ψ − high in float16 (``low``), read only for the shortlist, so that
-        the re-rank sees ψ to within about 4 float32 roundoffs. ``"float32"``: ψ itself. ``"auto"``:
-        float16 unless a feature exceeds :data:`FLOAT16_LIMIT`.
+    storage : {"float32", "float16", "auto"}
+        How the features are kept (4 bytes per number either way). ``"float32"`` (also ``"auto"``):
+        ψ itself, scanned as it is. ``"float16"``: ψ rounded to float16 (``high``), scanned, and the
+        rounding residual ψ − high in float16 (``low``), read only for the shortlist, so that the
+        re-rank sees ψ to within about 4 float32 roundoffs; a scan reads half the bytes but widens
+        them to float32 block by block, which on CPUs without float16 arithmetic costs more than it
+        saves (``benchmarks/results/contexts.md``); a feature beyond :data:`FLOAT16_LIMIT` falls back
+        to float32.
     memory_budget : int
         Bytes of one build block and of one block of a scan.
     """
@@ -168,7 +168,7 @@ class FeatureStore(_Store):
         if storage not in ("auto", "float16", "float32"):
             raise ValueError(f"storage must be 'auto', 'float16' or 'float32', got {storage!r}.")
         self.requested = storage
-        self.storage = torch.float32 if storage == "float32" else torch.float16
+        self.storage = torch.float16 if storage == "float16" else torch.float32
         self.width = int(model.key_terms(self.rows[:1].astype(np.float32), self.symmetric,
                                          compute_dtype=True, precise=False).shape[1])
         self.high = self.low = torch.empty(0, self.width, dtype=self.storage)
@@ -190,13 +190,12 @@ class FeatureStore(_Store):
         low = torch.empty(self.n, self.width, dtype=torch.float16) if self.storage == torch.float16 else None
         norm = 0.0
         for start, x in self._stream(self.width, progress, cancel):
-            psi = self.model.key_terms(x, self.symmetric, compute_dtype=True, precise=False).float()
+            psi = _key_terms(self.model, x, self.symmetric, start)
             stop = start + psi.shape[0]
             norm = max(norm, float(psi.norm(dim=1).max()))
             if low is not None and float(psi.abs().max()) > FLOAT16_LIMIT:
-                if self.requested == "float16":
-                    raise ValueError(f"key features reach {float(psi.abs().max()):.3g}, beyond float16's range; "
-                                     "build with storage='float32' (or 'auto').")
+                warnings.warn(f"key features reach {float(psi.abs().max()):.3g}, beyond float16's range; "
+                              "they are kept in float32", RuntimeWarning, stacklevel=2)
                 high, low = _widened(high, low, start), None
                 self.storage = torch.float32
             high[start:stop] = psi
@@ -250,6 +249,17 @@ class FeatureStore(_Store):
         index = torch.full((n_q, width), NO_INDEX, dtype=torch.int64)
         table[who, slot], index[who, slot] = d, rows
         return smallest_k(table, index, k)
+
+
+def _key_terms(model: Any, x: torch.Tensor, symmetric: bool, start: int) -> torch.Tensor:
+    """float32 ψ of the block of rows from ``start``; a row holding NaN or inf is an error naming it."""
+    try:
+        return model.key_terms(x, symmetric, compute_dtype=True, precise=False).float()
+    except ValueError:
+        if all_finite(x):
+            raise
+        bad = start + int(torch.nonzero(~torch.isfinite(x).all(1))[0])
+        raise ValueError(f"collection row {bad} holds NaN or inf; recompute or drop that row") from None
 
 
 def _widened(high: torch.Tensor, low: torch.Tensor, rows: int) -> torch.Tensor:
