@@ -118,6 +118,8 @@ class Tags:
     accepts_prior: bool = False
     #: The divergence is a squared Euclidean distance of an embedding.
     euclidean: bool = False
+    #: The anchor measure itself (no parametric family): its statistics cost grows with the anchors.
+    nonparametric: bool = False
     #: How a distance d reads as a similarity: ``"divergence"`` exp(−d) for d ≥ 0, ``"cosine"`` 1 − d
     #: (a cosine), ``"iti"`` −d (an inner product with a unit vector).
     similarity: str = "divergence"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 
 import torch
 
@@ -71,6 +72,10 @@ class Softmax(AnchorModel):
     feature_scale_ : float
         a of the probability features (N ≤ d only).
     """
+
+    @classmethod
+    def tags(cls):
+        return replace(super().tags(), nonparametric=True)
 
     PARAMS = (Param("anchor_batch_size", "int", 1024, "Anchors processed per step of the running log-sum-exp.",
                     low=1),)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ...anchors import AnchorSet
+from ...models import model_names
 from ..core import (ANCHOR_MODELS, BASELINES, PARAMETRIC, EvalData, check_anchor_set, check_models, draw_seed,
                     fit_score, resolve_tau)
 from ..report import LinePlot, Observations, ProtocolResult, bullets, ci_text, long_table, paired_effect, verdict
@@ -12,7 +13,7 @@ from ._skeleton import (DIFF, EFFECT, Protocol, anchor_budgets, anchor_free, bud
                         fitted_on_anchors, n_budget_draws, runs)
 
 #: The non-parametric anchor model that the parametric ones are compared with (the claim of §5.3).
-SOFTMAX = "softmax"
+SOFTMAX = next(iter(model_names(builtin=True, nonparametric=True)))
 
 
 class Budget(Protocol):

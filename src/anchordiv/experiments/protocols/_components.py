@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ..._util import positive_int
-from ...models import model_names
+from ...models import model_names, model_params
 from ..core import EvalData, build_geometry, check_entries, check_models, draw_seed, resolve_tau, score
 from ..report import LinePlot, Observations, ProtocolResult, bullets, ci_text, long_table, pivot_table
 from ._skeleton import DIFF, EFFECT, Protocol, fit_models, runs
 
 #: The geometry whose number of components M the protocol sweeps (the GMM of App. F.3).
-COMPONENTS_MODEL = "gmm"
+COMPONENTS_MODEL = next(n for n in model_names(builtin=True, anchor_model=True) if "n_components" in model_params(n))
 
 
 class Components(Protocol):
