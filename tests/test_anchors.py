@@ -79,3 +79,44 @@ def test_bad_mixture_and_subsample(rng):
         A.subsample(4)
     with pytest.raises(ValueError, match="all-zero row"):
         ad.AnchorSet(np.zeros((2, 3))).normalized()
+
+
+class _LetterEncoder:
+    """A text encoder for the test: each text's letter counts (a–z), normalised."""
+
+    def encode_text(self, texts):
+        out = np.zeros((len(texts), 26), dtype=np.float32)
+        for i, t in enumerate(texts):
+            for ch in t.lower():
+                if "a" <= ch <= "z":
+                    out[i, ord(ch) - 97] += 1
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def test_from_texts_embeds_written_anchors():
+    enc = _LetterEncoder()
+    A = ad.AnchorSet.from_texts([" a husky ", "a beagle"], enc, weights=[3, 1])
+    assert A.texts == ["a husky", "a beagle"] and A.dim == 26
+    assert np.allclose(A.embeddings.numpy(), enc.encode_text(["a husky", "a beagle"]))
+    assert np.allclose(A.weights.numpy(), [0.75, 0.25])
+    model = ad.Softmax(tau=0.1).fit(A)
+    assert model.anchor_texts_ == ["a husky", "a beagle"]
+
+
+@pytest.mark.parametrize("texts,match", [
+    ("a husky", "must be a list"),
+    ([], "empty"),
+    (["a husky", " "], r"texts\[1\] is ' '"),
+    (["a husky", 3], r"texts\[1\] is 3"),
+    (["a husky", "a husky "], r"texts\[1\] repeats texts\[0\]"),
+])
+def test_from_texts_refuses_bad_texts(texts, match):
+    with pytest.raises(ValueError, match=match):
+        ad.AnchorSet.from_texts(texts, _LetterEncoder())
+
+
+def test_from_texts_needs_an_encoder():
+    with pytest.raises(ValueError, match="encode_text"):
+        ad.AnchorSet.from_texts(["a husky"], object())
+    with pytest.raises(ValueError, match="one weight per anchor"):
+        ad.AnchorSet.from_texts(["a husky", "a beagle"], _LetterEncoder(), weights=[1])

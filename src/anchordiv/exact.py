@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from ._backend import Kind, positive_int
-from ._gemm import matmul_t
 from ._progress import progress_bar, progress_scope
 
 #: Default byte budget of one search: key-feature block + score block + running top-k.
@@ -341,7 +340,7 @@ def _scored_blocks(phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor
             psi = widened[:m].copy_(psi)
         for q0 in range(0, n_q, q_rows):
             rows = slice(q0, min(n_q, q0 + q_rows))
-            scores = matmul_t(phi[rows], psi, out=buffer[:(rows.stop - q0) * m].view(-1, m))
+            scores = torch.mm(phi[rows], psi.T, out=buffer[:(rows.stop - q0) * m].view(-1, m))
             _exclude(scores, exclude, rows, k0)
             yield rows, k0, scores
         k0 += m
