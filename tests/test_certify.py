@@ -60,10 +60,12 @@ def test_certified_queries_are_exact_and_fallback_makes_all_exact(data, name, in
     assert_topk_up_to_rounding(model, Q, G, i_exact, d_exact)
 
 
-@pytest.mark.parametrize("candidates", ["auto", "embedding"])
-def test_embedding_and_routed_candidates_certify_nothing_and_fall_back_exactly(data, candidates):
+@pytest.mark.parametrize("name,candidates", [("softmax", "embedding"), ("gmm", "auto")])
+def test_embedding_candidates_and_routed_mixtures_certify_nothing_and_fall_back_exactly(data, name, candidates):
+    """Embedding candidates bound nothing; routed lists of a mixture neither (it declares no
+    FeatureBound; routed softmax certificates: test_index_certify_routed)."""
     A, G, Q = data
-    model = MODELS["softmax"](A)
+    model = ad.make_model(name, tau=0.1).fit(ad.AnchorSet(A))
     index = ad.Index(model, "faiss", index_type="ivf", nlist=64, candidates=candidates)
     # "auto": routed lists for an anchor model without a Euclidean embedding
     assert index.params["candidates"] == ("routed" if candidates == "auto" else candidates)

@@ -18,11 +18,21 @@ farther from y than the k-th result. Two bounds cover the keys left out:
 A query is certified when the smaller bound exceeds the k-th result's squared distance by
 more than the float32 rounding of the distances compared (:func:`rounding_slack`). A graph
 index (HNSW) gives no such bound, so its queries are never certified.
+
+Routed IVF lists (cells of the embeddings, lists of the most probable anchor) are scanned with
+the divergence itself, and bounded in the divergence by a geometry's :class:`FeatureBound`
+d(q, g) ≥ w‖u(q) − u(g)‖² (softmax: co-coercivity of ∇κ, u = ∇κ). The keys of one (cell,
+anchor) pair form a group whose u lie in a ball (m, ρ), so an unscanned group is at least
+w·(‖u(q) − m‖ − ρ)² away (:func:`ball_bounds`). At small τ the u of a group collapse onto
+its anchor, so these balls are tight where the embedding cells are not. A query that the first
+scan does not certify scans, in a second round, the anchor lists of every group whose bound is
+below its k-th result, after which every group left is bounded above it.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 #: Unit roundoff of float32.
 FLOAT32_EPS = 2.0 ** -24
@@ -33,6 +43,13 @@ def rounding_slack(dim: int, scale: np.ndarray) -> np.ndarray:
     between vectors of norms summing to ``scale``: 4(dim + 2)·u·scale², with the unit roundoff u
     (Higham's γ_n bound, doubled for the two computations compared)."""
     return 4.0 * (dim + 2) * FLOAT32_EPS * np.square(scale)
+
+
+def divergence_slack(dim: int, offsets: np.ndarray, phi_norm: np.ndarray, key_norm: float) -> np.ndarray:
+    """Bound on the float32 rounding of divergences o(q) − φ(q)ᵀψ(g) computed from ``dim``-vectors
+    with ‖ψ‖ ≤ ``key_norm``: 4(dim + 2)·u·(|o| + ‖φ‖·M), as :func:`rounding_slack` (two computations
+    compared)."""
+    return 4.0 * (dim + 2) * FLOAT32_EPS * (np.abs(offsets) + phi_norm * key_norm)
 
 
 def list_radii(index, dims: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -78,3 +95,36 @@ def scanned_bound(shortlist_distances: np.ndarray, shortlist_ids: np.ndarray) ->
 def certified(kth_l2: np.ndarray, unseen_bound: np.ndarray, slack: np.ndarray) -> np.ndarray:
     """Queries whose k-th squared distance is below every left-out key's bound by more than ``slack``."""
     return unseen_bound > kth_l2 + slack
+
+
+def group_balls(blocks, groups: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(centroids m_g (count, dim), radii ρ_g = max ‖u − m_g‖) of key rows u grouped by their group
+    number ``groups`` (n,), in float64, radii rounded up by a relative 1e-6 (0 for an empty group).
+    ``blocks()`` yields (start, u) blocks of the rows in order; it is called twice."""
+    sums, sizes = None, np.bincount(groups, minlength=count).astype(np.float64)
+    for start, u in blocks():
+        u = np.asarray(u, dtype=np.float64)
+        if sums is None:
+            sums = np.zeros((count, u.shape[1]))
+        np.add.at(sums, groups[start:start + len(u)], u)
+    centroids = sums / np.maximum(sizes, 1)[:, None]
+    radii = np.zeros(count)
+    for start, u in blocks():
+        g = groups[start:start + len(u)]
+        np.maximum.at(radii, g, np.linalg.norm(np.asarray(u, dtype=np.float64) - centroids[g], axis=1))
+    return centroids, radii * (1 + 1e-6)
+
+
+def ball_bounds(u: np.ndarray, centroids: np.ndarray, radii: np.ndarray, weight: float, error: float) -> np.ndarray:
+    """(n, groups) float64 lower bounds w·max(0, ‖u − m_g‖ − ρ_g − 2e)² on d(q, g) for the keys of each
+    group, from a :class:`FeatureBound` (``weight`` w, ``error`` e: u of the query and of the key are
+    both rounded) and the queries' ``u`` (n, dim). ‖u − m_g‖² = ‖u‖² + ‖m_g‖² − 2uᵀm_g is one float32
+    GEMM, lowered by its rounding bound 4(dim + 2)·u₃₂·(‖u‖ + ‖m_g‖)² before the square root."""
+    uq, c = torch.from_numpy(u.astype(np.float32)), torch.from_numpy(centroids.astype(np.float32))
+    u_norm = torch.from_numpy(np.linalg.norm(u.astype(np.float64), axis=1).astype(np.float32))[:, None]
+    c_norm = torch.from_numpy(np.linalg.norm(centroids, axis=1).astype(np.float32))[None, :]
+    dist2 = torch.addmm((u_norm * u_norm) + (c_norm * c_norm), uq, c.T, alpha=-2)
+    dist2 -= 4.0 * (u.shape[1] + 2) * FLOAT32_EPS * (u_norm + c_norm) ** 2 + 1e-30
+    gap = dist2.clamp_min_(0).sqrt_().sub_(torch.from_numpy((radii + 2 * error).astype(np.float32))[None, :])
+    # the float32 steps after the GEMM round by a few units of u₃₂ relative: taken off with room
+    return weight * (1 - 1e-5) * np.square(gap.clamp_min_(0).numpy().astype(np.float64))

@@ -25,8 +25,16 @@ CANDIDATE_SPACES = ("auto", "features", "embedding", "routed")
 TRAIN_PER_LIST = 64
 #: nprobe of an IVF index with nprobe="auto" before it is tuned.
 UNTUNED_NPROBE = 16
+#: certify=True on routed lists: a query's second round scans the anchor lists its bounds leave open
+#: only while they hold at most this share of the keys (beyond it, exact search is the cheaper proof).
+SECOND_ROUND_SHARE = 1 / 16
 #: nprobe="auto": the values tried in turn (capped at nlist) until the sampled recall is reached.
 NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+#: ef_search of an HNSW index with ef_search="auto" before it is tuned.
+UNTUNED_EF_SEARCH = 128
+#: ef_search="auto": the values tried in turn until the sampled recall is reached (a search uses at
+#: least the shortlist size, so values below it are skipped).
+EF_SEARCH_LADDER = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
 
 def import_faiss():
@@ -59,6 +67,17 @@ def _index_type(value) -> str:
     return name
 
 
+def _distinct(dist: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row candidates (scores, positions) with the second copy of a repeated position made an
+    empty slot (−1, +inf), rows sorted by position (one sort: copies sit side by side)."""
+    order = np.argsort(cand, axis=1, kind="stable")
+    cand, dist = np.take_along_axis(cand, order, 1), np.take_along_axis(dist, order, 1)
+    repeated = np.zeros(cand.shape, bool)
+    repeated[:, 1:] = (cand[:, 1:] == cand[:, :-1]) & (cand[:, 1:] >= 0)
+    cand[repeated], dist[repeated] = -1, np.inf
+    return dist, cand
+
+
 class FaissBackend(Backend):
     """Keys in a faiss L2 index (see :mod:`anchordiv.index._layout`), shortlist re-ranked exactly.
 
@@ -70,9 +89,12 @@ class FaissBackend(Backend):
         augmented layout, whose keys share one norm).
     M : int
         HNSW graph degree.
-    ef_construction, ef_search : int
-        HNSW candidate-list sizes when building and searching (the search uses at least
-        the shortlist size).
+    ef_construction : int
+        HNSW candidate-list size when building.
+    ef_search : int or "auto"
+        HNSW candidate-list size when searching (at least the shortlist size). ``"auto"``
+        (default): tuned as ``nprobe``, the smallest value of ``EF_SEARCH_LADDER`` reaching
+        ``AUTO_RECALL``; 128 before the first tuning.
     nlist : int, optional
         IVF lists; default ``default_nlist(n)`` = min(⌊4√n⌋, n/39) for the n vectors of the
         first batch (which must hold at least ``nlist`` vectors).
@@ -107,7 +129,7 @@ class FaissBackend(Backend):
 
     name = "faiss"
     TAGS = BackendTags(wants_queries=True, tunable=True)
-    DEFAULTS = {"index_type": "flat", "M": 32, "ef_construction": 200, "ef_search": 128, "nlist": None,
+    DEFAULTS = {"index_type": "flat", "M": 32, "ef_construction": 200, "ef_search": "auto", "nlist": None,
                 "nprobe": "auto", "shortlist": None, "candidates": "auto", "norm_margin": 1.25,
                 "memory_budget": DEFAULT_MEMORY_BUDGET}
     CHECKS = {
@@ -115,7 +137,7 @@ class FaissBackend(Backend):
         "candidates": _candidate_space,
         "M": lambda v: positive_int(v, "M"),
         "ef_construction": lambda v: positive_int(v, "ef_construction"),
-        "ef_search": lambda v: positive_int(v, "ef_search"),
+        "ef_search": lambda v: v if v == "auto" else positive_int(v, "ef_search"),
         "nlist": lambda v: positive_int(v, "nlist", allow_none=True),
         "nprobe": lambda v: v if v == "auto" else positive_int(v, "nprobe"),
         "shortlist": lambda v: positive_int(v, "shortlist", allow_none=True),
@@ -130,13 +152,16 @@ class FaissBackend(Backend):
         self.index = None
         self.layout: VectorLayout | None = None
         self.nlist: int | None = None
-        self._bounds: tuple | None = None  # centroids, (radii, radii of the ψ part), largest key norm
+        # centroids, (radii, radii of the ψ part), largest key norm; routed: the groups of _routed_groups
+        self._bounds: tuple | None = None
+        self.feature_bound = None  # the geometry's FeatureBound (routed certificates), from bind()
         self._expected: int | None = None  # rows of the batch being streamed in (from reserve)
         self._pending: list[tuple] = []  # its first blocks, held until the IVF lists are trained
         self.features: torch.Tensor | None = None  # ψ of every key (embedding candidates only)
         self._filled = 0  # rows of ``features`` in use
         self._reserved = 0  # rows announced by reserve() before the index exists
         self.tuned_nprobe: int | None = None  # nprobe="auto": the value tuned on a sample of the keys
+        self.tuned_ef_search: int | None = None  # ef_search="auto": likewise
         self.tuned_at = 0  # keys stored when it was tuned
         self.cells: torch.Tensor | None = None  # routed: (nlist, d) k-means centroids of the embeddings
         self.by_anchor = None  # routed softmax: IVF lists of the keys by most probable anchor
@@ -155,6 +180,10 @@ class FaissBackend(Backend):
         routed = ivf and isinstance(model, AnchorModel) and not isinstance(model, EuclideanModel)
         return {**params, "candidates": "routed" if routed else "features"}
 
+    def bind(self, model: Any, symmetric: bool) -> None:
+        """Keep the geometry's :class:`~anchordiv.models.base.FeatureBound` (certificates of routed lists)."""
+        self.feature_bound = model.feature_bound(symmetric)
+
     @property
     def wants_key_embeddings(self) -> bool:
         """Embedding and routed candidates need the keys' embeddings."""
@@ -171,14 +200,35 @@ class FaissBackend(Backend):
         value = self.params["nprobe"]
         return min((self.tuned_nprobe or UNTUNED_NPROBE) if value == "auto" else value, self.nlist or 1)
 
+    @property
+    def ef_search(self) -> int:
+        """HNSW candidate-list size: the ``ef_search`` parameter, or the tuned value for ``"auto"``."""
+        value = self.params["ef_search"]
+        return (self.tuned_ef_search or UNTUNED_EF_SEARCH) if value == "auto" else value
+
+    @property
+    def _tuned_name(self) -> str | None:
+        """The parameter ``"auto"`` tunes for this index type (None: nothing to tune)."""
+        name = {"ivf": "nprobe", "hnsw": "ef_search"}.get(self.params["index_type"])
+        return name if name and self.params[name] == "auto" else None
+
     def needs_tuning(self, n: int) -> bool:
-        """Whether ``nprobe="auto"`` should be tuned again for ``n`` stored keys (first tuning, or
-        the collection grew by half since the last)."""
-        return (self.params["index_type"] == "ivf" and self.params["nprobe"] == "auto" and self.index is not None
-                and (self.tuned_nprobe is None or n >= 1.5 * self.tuned_at))
+        """Whether ``nprobe="auto"`` (IVF) or ``ef_search="auto"`` (HNSW) should be tuned again for ``n``
+        stored keys (first tuning, or the collection grew by half since the last)."""
+        name = self._tuned_name
+        return (name is not None and self.index is not None
+                and (getattr(self, f"tuned_{name}") is None or n >= 1.5 * self.tuned_at))
 
     def tuning_trials(self):
-        """``nprobe="auto"``: each value of ``NPROBE_LADDER`` in turn, capped at ``nlist``."""
+        """``nprobe="auto"``: each value of ``NPROBE_LADDER`` in turn, capped at ``nlist``;
+        ``ef_search="auto"``: each value of ``EF_SEARCH_LADDER`` from the default shortlist size on."""
+        if self._tuned_name == "ef_search":
+            floor = shortlist_size(self.params["shortlist"], 10, self.index.ntotal)
+            for ef in EF_SEARCH_LADDER:
+                if ef >= floor or ef == EF_SEARCH_LADDER[-1]:
+                    self.tuned_ef_search = ef
+                    yield
+            return
         for nprobe in NPROBE_LADDER:
             self.tuned_nprobe = min(nprobe, self.nlist)
             yield
@@ -441,7 +491,7 @@ class FaissBackend(Backend):
         faiss, p = self.faiss, self.params
         sel = {} if allow is None else {"sel": faiss.IDSelectorBatch(allow.astype(np.int64))}
         if p["index_type"] == "hnsw":
-            return faiss.SearchParametersHNSW(efSearch=max(p["ef_search"], s), **sel)
+            return faiss.SearchParametersHNSW(efSearch=max(self.ef_search, s), **sel)
         if p["index_type"] == "ivf":
             return faiss.SearchParametersIVF(nprobe=self.nprobe, **sel)
         return faiss.SearchParameters(**sel)
@@ -481,14 +531,13 @@ class FaissBackend(Backend):
             if allow is not None and allow.size <= s:
                 cand = np.broadcast_to(allow, (y.shape[0], allow.size))
             elif self.routed:  # the scan's distances are the divergences: no re-ranking
-                dist, cand = self._search_routed(y, embeddings, s, allow)
-                scores = torch.from_numpy(dist).to(phi.device, phi.dtype)
-                d, i = best_candidates(scores if self.euclidean else scores + offsets[sl, None],
-                                       torch.from_numpy(cand).to(phi.device), k)
+                dist, cand, probed = self._search_routed(y, embeddings, s, allow)
+                d, i = self._routed_best(dist, cand, offsets[sl], k)
+                if certify:
+                    d, i, ok = self._certify_routed(y, offsets[sl], phi[sl], d, i, probed, s, allow)
+                    out_c.append(ok)
                 out_d.append(d)
                 out_p.append(i)
-                if certify:  # routed lists bound nothing they did not scan
-                    out_c.append(np.zeros(len(y), dtype=bool))
                 continue
             elif p["index_type"] == "ivf" and allow is None:  # the lists probed are known, for the certificate
                 list_d, lists = index.quantizer.search(y, index.nprobe)
@@ -512,20 +561,101 @@ class FaissBackend(Backend):
         """(scores, positions) (n, s, or 2s with anchor lists) of the ``s`` nearest keys in each query's
         ``nprobe`` nearest embedding cells and the ``s`` nearest in its ``nprobe`` most probable anchors'
         lists, in no particular order; the scores are the divergence (Euclidean layout) or −φᵀψ
-        (augmented), and empty slots and second copies of a key found in both have position −1."""
+        (augmented), and empty slots and second copies of a key found in both have position −1. Also
+        the lists scanned: (cells, anchor lists or None)."""
         nprobe = self.nprobe
-        dist, cand = self._scan_lists(self.index, y, s, self._nearest_cells(embeddings, nprobe), allow)
+        cells = self._nearest_cells(embeddings, nprobe)
+        dist, cand = self._scan_lists(self.index, y, s, cells, allow)
         if self.by_anchor is None:
-            return dist, cand
+            return dist, cand, (cells, None)
         lists = self._top_lists(embeddings, min(nprobe, self.by_anchor.nlist), self.anchor_logits)
         dist2, cand2 = self._scan_lists(self.by_anchor, y, s, lists, allow)
-        cand, dist = np.concatenate([cand, cand2], axis=1), np.concatenate([dist, dist2], axis=1)
-        order = np.argsort(cand, axis=1, kind="stable")  # a key found in both lists sits beside its copy
-        cand, dist = np.take_along_axis(cand, order, 1), np.take_along_axis(dist, order, 1)
-        repeated = np.zeros(cand.shape, bool)
-        repeated[:, 1:] = (cand[:, 1:] == cand[:, :-1]) & (cand[:, 1:] >= 0)
-        cand[repeated], dist[repeated] = -1, np.inf
-        return dist, cand
+        dist, cand = _distinct(np.concatenate([dist, dist2], axis=1), np.concatenate([cand, cand2], axis=1))
+        return dist, cand, (cells, lists)
+
+    def _routed_best(self, dist: np.ndarray, cand: np.ndarray, offsets: torch.Tensor, k: int) -> tuple:
+        """The k best (divergences, positions) of routed scan results (scores of :meth:`_search_routed`)."""
+        scores = torch.from_numpy(dist).to(offsets.device, offsets.dtype)
+        return best_candidates(scores if self.euclidean else scores + offsets[:, None],
+                               torch.from_numpy(cand).to(offsets.device), k)
+
+    def _routed_groups(self) -> tuple:
+        """Groups of the stored keys by (embedding cell, anchor list), for routed certificates:
+        (cell of each group, anchor list of each group, u-ball centroids, u-ball radii, keys per
+        anchor list), u of the geometry's FeatureBound; computed once per set of keys."""
+        if self._bounds is None:
+            lists = self.by_anchor.nlist
+            labels, groups = np.unique(self.routes[:, 0] * lists + self.routes[:, 1], return_inverse=True)
+            n, rows = self.index.ntotal, 1 << 16
+
+            def blocks():
+                for start in range(0, n, rows):
+                    vecs = _as_numpy(self.index.reconstruct_n(start, min(rows, n - start)))
+                    yield start, self.feature_bound.keys(self.layout.unpack(vecs)).numpy()
+
+            centroids, radii = _certify.group_balls(blocks, groups.reshape(-1), len(labels))
+            self._bounds = (labels // lists, labels % lists, centroids, radii,
+                            np.bincount(self.routes[:, 1], minlength=lists))
+        return self._bounds
+
+    def _certify_routed(self, y: np.ndarray, offsets: torch.Tensor, phi: torch.Tensor, d: torch.Tensor,
+                        i: torch.Tensor, probed: tuple, s: int, allow: np.ndarray | None) -> tuple:
+        """(distances, positions, certified) of a routed search proven exact where the geometry's
+        :class:`FeatureBound` allows (softmax; :mod:`._certify`). Every key a scan saw competed in the
+        scan's own float32 computation of the divergence, which ranked the results (a key it left out
+        scores at least the k-th), so the results are an exact search's up to its rounding ties once
+        every group of keys not scanned is bounded, by its u-ball, above the k-th by more than that
+        rounding. Queries left uncertified scan, once, the anchor lists of the groups bounded below
+        their k-th result (when these hold at most ``SECOND_ROUND_SHARE`` of the keys), and are judged
+        again."""
+        n_q = len(y)
+        cells, anchors = probed
+        if self.feature_bound is None or anchors is None or self.euclidean:
+            return d, i, np.zeros(n_q, dtype=bool)  # no bound on what the scans did not see
+        _, group_anchor, centroids, radii, sizes = self._routed_groups()
+        fb = self.feature_bound
+        o = offsets.detach().to(torch.float64).cpu().numpy()
+        bounds = _certify.ball_bounds(fb.queries(phi.detach().to(torch.float64).cpu()).numpy(), centroids, radii,
+                                      fb.weight, fb.error)
+        slack = _certify.divergence_slack(self.layout.vector_dim, o, phi.detach().to(torch.float64).norm(dim=1).cpu().numpy(),
+                                          self.layout.max_norm)
+        rows = np.arange(n_q)[:, None]
+        seen = np.zeros((n_q, self.nlist), bool), np.zeros((n_q, len(sizes)), bool)  # cells, anchor lists
+        seen[0][rows, cells] = seen[1][rows, anchors] = True
+        ok, open_groups = self._judge_routed(d, i, seen, bounds, slack)
+        wanted = np.zeros_like(seen[1])  # anchor lists of the groups left open by uncertified queries
+        q_open, g_open = np.nonzero(open_groups & ~ok[:, None])
+        wanted[q_open, group_anchor[g_open]] = True
+        redo = np.flatnonzero(~ok & wanted.any(1) & (wanted @ sizes <= SECOND_ROUND_SHARE * self.index.ntotal))
+        if not redo.size:
+            return d, i, ok
+        width = int(wanted[redo].sum(1).max())
+        order = np.argsort(~wanted[redo], axis=1, kind="stable")[:, :width]
+        lists = np.where(np.take_along_axis(wanted[redo], order, 1), order, -1)  # faiss skips list −1
+        dist2, cand2 = self._scan_lists(self.by_anchor, y[redo], s, lists, allow)
+        sub = torch.from_numpy(redo).to(d.device)
+        found2 = torch.from_numpy(dist2).to(d.device, d.dtype) + offsets[sub, None]
+        merged, cand = _distinct(torch.cat([d[sub], found2], 1).cpu().numpy(),
+                                 np.concatenate([i[sub].cpu().numpy(), cand2], axis=1))
+        d2, i2 = best_candidates(torch.from_numpy(merged).to(d.device), torch.from_numpy(cand).to(d.device), d.shape[1])
+        ok[redo] = self._judge_routed(d2, i2, (seen[0][redo], seen[1][redo] | wanted[redo]), bounds[redo],
+                                      slack[redo])[0]
+        d, i = d.clone(), i.clone()
+        d[sub], i[sub] = d2, i2
+        return d, i, ok
+
+    def _judge_routed(self, d: torch.Tensor, i: torch.Tensor, seen: tuple, bounds: np.ndarray,
+                      slack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(certified, open groups (n, groups)) of routed results ``d``, ``i`` (n, k), given the lists
+        ``seen`` (cells, anchor lists: (n, lists) bool) and the groups' ``bounds`` in the divergence:
+        certified when every group not scanned is bounded above the k-th by more than ``slack``;
+        open: the groups not scanned whose bound is not."""
+        group_cell, group_anchor = self._bounds[:2]
+        scanned = seen[0][:, group_cell] | seen[1][:, group_anchor]
+        kth = d[:, -1].detach().to(torch.float64).cpu().numpy() + slack
+        unseen = np.where(scanned, np.inf, bounds).min(1, initial=np.inf)
+        ok = (unseen > kth) & (i[:, -1] >= 0).cpu().numpy()
+        return ok, ~scanned & (bounds <= kth[:, None])
 
     def _scan_lists(self, ivf, y: np.ndarray, s: int, lists: np.ndarray, allow: np.ndarray | None) -> tuple:
         """faiss' scan of the given inverted ``lists`` (n, p) per query, restricted to ``allow``:
@@ -597,7 +727,8 @@ class FaissBackend(Backend):
         features = self.features[:self._filled].clone() if self.embedding_candidates else None
         out = {"index": self._serialize(self.index),
                "layout": None if self.layout is None else self.layout.state(), "nlist": self.nlist,
-               "features": features, "tuned_nprobe": self.tuned_nprobe, "tuned_at": self.tuned_at}
+               "features": features, "tuned_nprobe": self.tuned_nprobe, "tuned_ef_search": self.tuned_ef_search,
+               "tuned_at": self.tuned_at}
         if self.routed:
             out["routes"] = torch.from_numpy(self.routes.copy())
             out["cells"] = self.cells.clone()
@@ -676,10 +807,11 @@ class FaissBackend(Backend):
                 if ivf is not None:
                     ivf.metric_type = self._scan_metric
         self.index, self.nlist = index, state.get("nlist")
-        tuned, tuned_at = state.get("tuned_nprobe"), state.get("tuned_at", 0)
-        if not (tuned is None or (isinstance(tuned, int) and tuned > 0)) or not isinstance(tuned_at, int):
-            raise ValueError(f"{source!r} is corrupt: its tuned nprobe is malformed.")
-        self.tuned_nprobe, self.tuned_at = tuned, tuned_at
+        tuned = state.get("tuned_nprobe"), state.get("tuned_ef_search")
+        tuned_at = state.get("tuned_at", 0)
+        if not all(t is None or (isinstance(t, int) and t > 0) for t in tuned) or not isinstance(tuned_at, int):
+            raise ValueError(f"{source!r} is corrupt: its tuned nprobe or ef_search is malformed.")
+        (self.tuned_nprobe, self.tuned_ef_search), self.tuned_at = tuned, tuned_at
         self.layout = None if layout is None else VectorLayout.from_state(layout)
         if self.embedding_candidates:
             self.features, self._filled = features.to(torch.float32), n

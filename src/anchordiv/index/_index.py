@@ -19,7 +19,7 @@ from ._storage import (FORMAT, VERSION, atomic_save, fingerprint, geometry_from_
 
 #: Relative tolerance under which :meth:`Index.recall` treats two divergences as tied.
 TIE_RTOL = 1e-6
-#: Tuning of ``tunable`` backends (faiss IVF ``nprobe="auto"``): the recall@10 a trial setting must
+#: Tuning of ``tunable`` backends (faiss ``nprobe="auto"``, ``ef_search="auto"``): the recall@10 a trial setting must
 #: reach, on this many keys of the batch added as queries.
 AUTO_RECALL, AUTO_SAMPLE = 0.995, 500
 
@@ -52,7 +52,7 @@ class Index:
             ``memory_budget`` (bytes of one score block, default 256 MiB).
         faiss
             ``index_type`` ("flat" default, "hnsw", "ivf"), ``M`` (32), ``ef_construction``
-            (200), ``ef_search`` (128), ``nlist`` (default min(⌊4√n⌋, n/39) of the first
+            (200), ``ef_search`` ("auto": tuned as nprobe), ``nlist`` (default min(⌊4√n⌋, n/39) of the first
             batch), ``nprobe`` ("auto": tuned after adds to reach recall@10 ≥ 0.995 on sampled
             keys), ``candidates`` ("auto": routed IVF lists for softmax and mixtures),
             ``shortlist`` (default max(4k, 64)), ``norm_margin`` (1.25), ``memory_budget``.

@@ -125,6 +125,35 @@ class Tags:
     similarity: str = "divergence"
 
 
+@dataclass(frozen=True)
+class FeatureBound:
+    """A lower bound on a divergence read from one block of the features:
+
+    .. math::
+
+        d(q, g) \\ge w\\,\\lVert u(q) - u(g)\\rVert^2, \\qquad
+        u(g) = \\psi(g)[\\text{key}], \\quad u(q) = s\\,\\phi(q)[\\text{query}],
+
+    with ``weight`` w, ``query_scale`` s. ``error`` bounds ‖û − u‖ for u computed in float32
+    (:meth:`Geometry.feature_bound`). Certificates of approximate indexes bound unseen keys by
+    it (an index cell whose u lie in a ball of radius ρ around m is at least
+    w·(‖u(q) − m‖ − ρ)² away)."""
+
+    key: slice
+    query: slice
+    query_scale: float
+    weight: float
+    error: float = 0.0
+
+    def keys(self, psi):
+        """u(g) of key features ``psi`` (rows)."""
+        return psi[..., self.key]
+
+    def queries(self, phi):
+        """u(q) of query features ``phi`` (rows)."""
+        return self.query_scale * phi[..., self.query]
+
+
 class Geometry:
     """Base class of every geometry (anchor models and baselines). Lower means closer.
 
@@ -177,6 +206,11 @@ class Geometry:
         0 for geometries whose precise and in-dtype features are the same computation.
         """
         return 0.0
+
+    def feature_bound(self, symmetric: bool = True) -> FeatureBound | None:
+        """A :class:`FeatureBound` d(q, g) ≥ w‖u(q) − u(g)‖² on this geometry's features, or None
+        (no such bound known): lets indexes certify results without scanning every key."""
+        return None
 
     def _divergence(self, X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -12,7 +12,7 @@ from .._backend import concat, in_dtype
 from .._gemm import matmul_t
 from ..anchors import AnchorSet
 from ..linalg import row_norms
-from .base import AnchorModel, require_finite
+from .base import AnchorModel, FeatureBound, require_finite
 from .params import Param
 
 
@@ -178,6 +178,45 @@ class Softmax(AnchorModel):
         torch.mul(logp, 1 / a, out=psi[:, :n])
         return require_finite(psi, self, "key features")
 
+    def feature_bound(self, symmetric: bool = True) -> FeatureBound | None:
+        """Co-coercivity of ∇κ. Its Jacobian is the covariance of the anchors under P(·|λ), whose variance
+        in any direction is at most L = min(max‖γ‖², D²/4) (Popoviciu; D the anchors' diameter,
+        :meth:`_diameter_bound`), so ΔηᵀΔ∇κ ≥ ‖Δ∇κ‖²/L and d_sym ≥ ‖Δ∇κ‖²/(2L): u = ∇κ − c (ψ's first
+        block; φ's second times 2τ). Probability features: (x − y)(log x − log y) ≥ (x − y)²
+        on [0, 1], so d_sym ≥ ½‖Δp‖²: u = a p (ψ's second block; φ's first times 2), w = 1/(2a²).
+        ``error``: the float32 rounding of u: the relative error e + 2u of each p_i
+        (:meth:`key_error_bound`) and λ√N·u of the sum Σ p_i γ_i."""
+        if not symmetric:
+            return None
+        n, d, u = self.n_anchors_, self.dim_, torch.finfo(torch.float32).eps / 2
+        error = self._log_prob_error(torch.float32) + (2 + ROUNDING_LAMBDA * math.sqrt(n)) * u  # p_i, then Σ p_i γ_i
+        if self.feature_space_ == "probabilities":
+            a = self.feature_scale_
+            return FeatureBound(slice(n, 2 * n), slice(0, n), 2.0, 0.5 / a ** 2, error * a)
+        G = self._grad_norm_bound()
+        lipschitz = min(G ** 2, self._diameter_bound() ** 2 / 4)
+        return FeatureBound(slice(0, d), slice(d, 2 * d), 2.0 * self.tau_, 0.5 / lipschitz, error * G)
+
+    def _diameter_bound(self, exact_up_to: int = 8192) -> float:
+        """An upper bound on max‖γ_i − γ_j‖: exact (float64, blocked, rounded up) for at most
+        ``exact_up_to`` anchors, else twice the largest distance to their mean."""
+        gamma = self.anchors_.to(torch.float64)
+        if gamma.shape[0] > exact_up_to:
+            return 2 * float((gamma - gamma.mean(0)).norm(dim=1).max()) * (1 + 1e-9)
+        sq, widest = (gamma * gamma).sum(1), 0.0
+        for start in range(0, gamma.shape[0], 1024):
+            block = gamma[start:start + 1024]
+            dist2 = sq[start:start + 1024, None] + sq[None, :] - 2 * block @ gamma.T
+            widest = max(widest, float(dist2.max()))
+        return math.sqrt(max(widest, 0.0) + 1e-12 * float(sq.max())) * (1 + 1e-9)
+
+    def _log_prob_error(self, dtype: torch.dtype) -> float:
+        """The bound e of :meth:`key_error_bound` on the error of log p_i computed in ``dtype``."""
+        u, lam = torch.finfo(dtype).eps / 2, ROUNDING_LAMBDA
+        logit = self._grad_norm_bound() * self.INPUT_NORM / self.tau_
+        span = logit + float(self.log_weights_.abs().max())
+        return 2 * (lam * math.sqrt(self.dim_) * u * logit + 2 * u * span) + (lam * math.sqrt(self.n_anchors_) + 2) * u * 2 * span
+
     def key_error_bound(self, dtype: torch.dtype, symmetric: bool = True) -> float:
         """In-dtype probability features. With unit roundoff u and the probabilistic bound
         λ√n·u of a length-n dot product (Higham & Mary 2019; λ = :data:`ROUNDING_LAMBDA`, failing
@@ -187,11 +226,8 @@ class Softmax(AnchorModel):
         −pᵀlog p] by √(N e²/a² + a²(e + 2u)² + ((e + 2u) log N + e)²) (Σ p_i |log p_i| ≤ log N)."""
         if not symmetric or self.feature_space_ != "probabilities" or dtype == torch.float64:
             return 0.0
-        u, lam = torch.finfo(dtype).eps / 2, ROUNDING_LAMBDA
-        logit = self._grad_norm_bound() * self.INPUT_NORM / self.tau_
-        span = logit + float(self.log_weights_.abs().max())
-        n, a = self.n_anchors_, self.feature_scale_
-        e = 2 * (lam * math.sqrt(self.dim_) * u * logit + 2 * u * span) + (lam * math.sqrt(n) + 2) * u * 2 * span
+        u, n, a = torch.finfo(dtype).eps / 2, self.n_anchors_, self.feature_scale_
+        e = self._log_prob_error(dtype)
         return math.sqrt(n * e * e / a ** 2 + (a * (e + 2 * u)) ** 2 + ((e + 2 * u) * math.log(n) + e) ** 2)
 
     def _flops_per_row(self) -> float:
