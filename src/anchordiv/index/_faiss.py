@@ -416,7 +416,7 @@ class FaissBackend(Backend):
         else:
             self.layout.check(psi)  # a fixed bound is never raised: such keys are refused
             # a key norm above M: re-augment every stored key with a larger M and rebuild
-            old = self.layout.unpack(self.index.reconstruct_n(0, self.index.ntotal))
+            old = self.layout.unpack(self._stored_rows(0, self.index.ntotal))
             layout = VectorLayout.from_state(self.layout.state())
             layout.grow(psi)
             vectors = np.concatenate([layout.keys(old), layout.keys(psi)])
@@ -590,7 +590,7 @@ class FaissBackend(Backend):
 
             def blocks():
                 for start in range(0, n, rows):
-                    vecs = _as_numpy(self.index.reconstruct_n(start, min(rows, n - start)))
+                    vecs = self._stored_rows(start, min(start + rows, n))
                     yield start, self.feature_bound.keys(self.layout.unpack(vecs)).numpy()
 
             centroids, radii = _certify.group_balls(blocks, groups.reshape(-1), len(labels))
@@ -718,7 +718,14 @@ class FaissBackend(Backend):
             yield from (self.features[s:min(s + rows, self._filled)] for s in range(0, self._filled, rows))
             return
         for start in range(0, self.index.ntotal, rows):
-            yield self.layout.unpack(self.index.reconstruct_n(start, min(rows, self.index.ntotal - start)))
+            yield self.layout.unpack(self._stored_rows(start, min(start + rows, self.index.ntotal)))
+
+    def _stored_rows(self, start: int, stop: int) -> np.ndarray:
+        """The stored vectors at positions start…stop − 1: IVF indexes look each up in their direct
+        map (their ``reconstruct_n`` scans every list for each call, ten times slower)."""
+        if self.params["index_type"] == "ivf":
+            return _as_numpy(self.index.reconstruct_batch(np.arange(start, stop, dtype=np.int64)))
+        return _as_numpy(self.index.reconstruct_n(start, stop - start))
 
     # ---------------------------------------------------------------- state
     def state(self, n: int) -> dict:
