@@ -132,3 +132,18 @@ def test_hnsw_ef_search_auto_is_tuned_kept_and_saved(clustered, tmp_path):
     assert loaded._backend.tuned_ef_search == backend.tuned_ef_search
     fixed = ad.Index(model, "faiss", index_type="hnsw", M=16, ef_search=40).add(G[:2000])
     assert fixed._backend.tuned_ef_search is None and fixed._backend.ef_search == 40
+
+
+def test_the_brute_force_check_catches_an_unsound_bound(clustered, monkeypatch):
+    """Bounds inflated 100× certify queries whose results are not exact, and the float64 check
+    used above sees it: a check that would let an unsound certificate pass is no check."""
+    from anchordiv.index import _faiss
+
+    A, G, Q = clustered
+    model = ad.Softmax(tau=0.01).fit(ad.AnchorSet(A))
+    index = ad.Index(model, "faiss", index_type="ivf", nprobe=1).add(G)
+    real = _certify.ball_bounds
+    monkeypatch.setattr(_faiss._certify, "ball_bounds", lambda *a: 100 * real(*a))
+    monkeypatch.setattr(_faiss, "SECOND_ROUND_SHARE", 0.0)
+    d, i, certified = index.search(Q, 10, certify=True, fallback=False)
+    assert not topk_up_to_rounding(model, Q[certified], G, i[certified], d[certified]).all()
