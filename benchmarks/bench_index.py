@@ -15,6 +15,7 @@ texts, d = 384).
 from __future__ import annotations
 
 import gc
+import json
 import sys
 import time
 
@@ -122,11 +123,51 @@ def evaluate(model, index_type: str, Q, G, truth, exact, repeats: int) -> list[d
     return rows
 
 
-def run(quick: bool = False, log=print) -> dict:
+def render(results: list[dict], quick: bool) -> tuple[list, list]:
+    """(table rows, targets) of measured rows."""
+    table, targets = [], []
+    for r in results:
+        data, label, name, tau, G = r["data"], r["geometry"], r["model"], r["tau"], r["G"]
+        params = r["params"] if isinstance(r["params"], str) else ", ".join(f"{k}={v}" for k, v in r["params"].items())
+        if "error" in r:
+            table.append([data, label, r["index"], params, "—", "error", "—", "—", "—", "—", "—", "—", "—",
+                          "—", r["error"][:80]])
+            continue
+        table.append([data, label, r["index"], params, r["candidates"], f"{r['recall']:.3f}",
+                      f"{r['id_recall']:.3f}", f"{r['qps']:,.0f}",
+                      f"{r['speedup']:.2g}×", bl.fmt_s(r["build_s"]), bl.fmt_mib(r["bytes"]),
+                      f"{r['certified']:.2f}", f"{r['certify_speedup']:.2g}×",
+                      f"{r['certify_identical']:.3f} / {r['certify_recall']:.3f}", ""])
+        if r["index"] in ("hnsw", "ivf") and str(r["params"]).startswith("defaults") and name in ("softmax", "gmm"):
+            large = G >= SPEEDUP_MIN_KEYS  # the speed target is for large collections
+            ok = r["recall"] >= RECALL_TARGET and (r["speedup"] >= SPEEDUP_TARGET or not large)
+            goal = f" at ≥ {SPEEDUP_TARGET:g}× exact" if large else f" ({G:,} keys: no speed target)"
+            targets.append(bl.target(
+                f"{data} {label} {r['index']} defaults: recall@10 ≥ {RECALL_TARGET}{goal}",
+                ok, f"recall {r['recall']:.3f} at {r['speedup']:.2g}× exact",
+                "quick sizes" if quick else ""))
+        if r["index"] == "ivf" and name == "softmax" and tau == 0.01:
+            large = G >= SPEEDUP_MIN_KEYS
+            ok = (r["certified"] >= CERTIFIED_TARGET and r["certify_recall"] == 1.0
+                  and (r["certify_speedup"] >= CERTIFIED_SPEEDUP_TARGET or not large))
+            targets.append(bl.target(
+                f"{data} {label} ivf certify=True with fallback: ≥ {CERTIFIED_TARGET:.0%} certified, results "
+                f"exact" + (f", ≥ {CERTIFIED_SPEEDUP_TARGET:g}× exact" if large else " (no speed target)"),
+                ok, f"{r['certified']:.1%} certified, {r['certify_speedup']:.2g}× exact, recall "
+                f"{r['certify_recall']:.3f} (ties counted), ids identical to exact for "
+                f"{r['certify_identical']:.1%} of queries", "quick sizes" if quick else ""))
+    return table, targets
+
+
+def run(quick: bool = False, log=print, only: list | None = None) -> dict:
+    """Measure every geometry of the configuration, or ``only`` these (name, τ) pairs, whose rows then
+    replace theirs in the saved results (the others are kept from the last run)."""
     from anchordiv.index import Index
 
-    cfg = QUICK if quick else FULL
-    results, table, targets = [], [], []
+    cfg = dict(QUICK if quick else FULL)
+    if only:
+        cfg["geometries"] = only
+    results = []
     started = time.perf_counter()
     for data, anchors, Q, G in datasets(cfg, log):
         for name, tau in cfg["geometries"]:
@@ -146,42 +187,27 @@ def run(quick: bool = False, log=print) -> dict:
                 except Exception as exc:  # report an index that cannot run here instead of stopping
                     rows.append({"index": index_type, "params": "—", "error": f"{type(exc).__name__}: {exc}"})
             for r in rows:
-                r.update(data=data, geometry=label, G=G.shape[0], Q=Q.shape[0])
-                params = r["params"] if isinstance(r["params"], str) else ", ".join(f"{k}={v}" for k, v in r["params"].items())
-                if "error" in r:
-                    table.append([data, label, r["index"], params, "—", "error", "—", "—", "—", "—", "—", "—", "—",
-                                  "—", r["error"][:80]])
-                    continue
-                table.append([data, label, r["index"], params, r["candidates"], f"{r['recall']:.3f}",
-                              f"{r['id_recall']:.3f}", f"{r['qps']:,.0f}",
-                              f"{r['speedup']:.2g}×", bl.fmt_s(r["build_s"]), bl.fmt_mib(r["bytes"]),
-                              f"{r['certified']:.2f}", f"{r['certify_speedup']:.2g}×",
-                              f"{r['certify_identical']:.3f} / {r['certify_recall']:.3f}", ""])
-                log(f"  index {data} {label} {r['index']} {params}: recall@10 {r['recall']:.3f}, "
-                    f"{r['speedup']:.2g}× exact, certified {r['certified']:.2f}, certify+fallback "
-                    f"{r['certify_speedup']:.2g}× exact")
-                if r["index"] in ("hnsw", "ivf") and str(r["params"]).startswith("defaults") and name in ("softmax", "gmm"):
-                    large = G.shape[0] >= SPEEDUP_MIN_KEYS  # the speed target is for large collections
-                    ok = r["recall"] >= RECALL_TARGET and (r["speedup"] >= SPEEDUP_TARGET or not large)
-                    goal = f" at ≥ {SPEEDUP_TARGET:g}× exact" if large else f" ({G.shape[0]:,} keys: no speed target)"
-                    targets.append(bl.target(
-                        f"{data} {label} {r['index']} defaults: recall@10 ≥ {RECALL_TARGET}{goal}",
-                        ok, f"recall {r['recall']:.3f} at {r['speedup']:.2g}× exact",
-                        "quick sizes" if quick else ""))
-                if r["index"] == "ivf" and name == "softmax" and tau == 0.01:
-                    large = G.shape[0] >= SPEEDUP_MIN_KEYS
-                    ok = (r["certified"] >= CERTIFIED_TARGET and r["certify_recall"] == 1.0
-                          and (r["certify_speedup"] >= CERTIFIED_SPEEDUP_TARGET or not large))
-                    targets.append(bl.target(
-                        f"{data} {label} ivf certify=True with fallback: ≥ {CERTIFIED_TARGET:.0%} certified, results "
-                        f"exact" + (f", ≥ {CERTIFIED_SPEEDUP_TARGET:g}× exact" if large else " (no speed target)"),
-                        ok, f"{r['certified']:.1%} certified, {r['certify_speedup']:.2g}× exact, recall "
-                        f"{r['certify_recall']:.3f} (ties counted), ids identical to exact for "
-                        f"{r['certify_identical']:.1%} of queries", "quick sizes" if quick else ""))
+                r.update(data=data, geometry=label, model=name, tau=tau, G=G.shape[0], Q=Q.shape[0])
+                log(f"  index {data} {label} {r['index']}: " + (r["error"] if "error" in r else
+                    f"recall@10 {r['recall']:.3f}, {r['speedup']:.2g}× exact, certified {r['certified']:.2f}, "
+                    f"certify+fallback {r['certify_speedup']:.2g}× exact"))
             results += rows
             del model, exact
             gc.collect()
 
+    elapsed = time.perf_counter() - started
+    if only:
+        saved = json.loads((bl.RESULTS / "index.json").read_text())["results"]
+        for r in saved:  # rows written before they named their model
+            name, _, tau = r["geometry"].partition(" τ=")
+            r.setdefault("model", name)
+            r.setdefault("tau", float(tau) if tau else None)
+        kept = [r for r in saved if (r["model"], r["tau"]) not in {tuple(g) for g in only}]
+        order = [tuple(g) for g in FULL["geometries"]] + list(only)
+        rank = {name: i for i, name in enumerate(["exact", *INDEXES])}
+        results = sorted(kept + results, key=lambda r: (order.index((r["model"], r["tau"])), rank[r["index"]]))
+        cfg["geometries"] = [g for g in FULL["geometries"] if tuple(g) in {(r["model"], r["tau"]) for r in results}]
+    table, targets = render(results, quick)
     minilm = "" if cfg["minilm"] is None else (
         f" *minilm*: all-MiniLM-L6-v2 embeddings (d = 384) of generated scene texts: {cfg['minilm']['Q']:,} queries, "
         "6,000 gallery items, 1,024 anchor texts.")
@@ -203,7 +229,7 @@ of queries that `search(certify=True, fallback=False)` proves exact. Certify+fal
 uncertified queries searched again exactly) against exact search, and its results: the share of queries whose ids
 equal the exact backend's / recall@10 counting ties as above (1.000: every row is an exact top-10 up to rounding
 ties). {bl.machine()['threads']} torch threads; faiss uses its own OpenMP threads; the machine is shared (2 cores),
-so ratios move between runs. Whole run {bl.fmt_s(time.perf_counter() - started)}.
+so ratios move between runs. Whole run {bl.fmt_s(elapsed)}{' (rows of ' + ', '.join(f'{n} τ={t}' for n, t in only) + ' measured again in a later run)' if only else ''}.
 
 {bl.table(['data', 'geometry', 'index', 'search params', 'candidates', 'recall@10', 'id recall@10', 'queries/s',
            'vs exact', 'build', 'size', 'certified', 'certify+fallback vs exact', 'certify+fallback identical / recall',
@@ -215,4 +241,7 @@ so ratios move between runs. Whole run {bl.fmt_s(time.perf_counter() - started)}
 
 
 if __name__ == "__main__":
-    print(run(quick="--quick" in sys.argv)["markdown"])
+    # --only softmax:0.01 [gmm:0.05 ...]: measure these geometries again, keep the other rows
+    only = [(g.split(":")[0], float(g.split(":")[1])) for g in sys.argv[sys.argv.index("--only") + 1:]] \
+        if "--only" in sys.argv else None
+    print(run(quick="--quick" in sys.argv, only=only)["markdown"])

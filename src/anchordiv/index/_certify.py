@@ -116,15 +116,17 @@ def group_balls(blocks, groups: np.ndarray, count: int) -> tuple[np.ndarray, np.
 
 
 def ball_bounds(u: np.ndarray, centroids: np.ndarray, radii: np.ndarray, weight: float, error: float) -> np.ndarray:
-    """(n, groups) float64 lower bounds w·max(0, ‖u − m_g‖ − ρ_g − 2e)² on d(q, g) for the keys of each
+    """(n, groups) float32 lower bounds w·max(0, ‖u − m_g‖ − ρ_g − 2e)² on d(q, g) for the keys of each
     group, from a :class:`FeatureBound` (``weight`` w, ``error`` e: u of the query and of the key are
     both rounded) and the queries' ``u`` (n, dim). ‖u − m_g‖² = ‖u‖² + ‖m_g‖² − 2uᵀm_g is one float32
-    GEMM, lowered by its rounding bound 4(dim + 2)·u₃₂·(‖u‖ + ‖m_g‖)² before the square root."""
-    uq, c = torch.from_numpy(u.astype(np.float32)), torch.from_numpy(centroids.astype(np.float32))
-    u_norm = torch.from_numpy(np.linalg.norm(u.astype(np.float64), axis=1).astype(np.float32))[:, None]
-    c_norm = torch.from_numpy(np.linalg.norm(centroids, axis=1).astype(np.float32))[None, :]
-    dist2 = torch.addmm((u_norm * u_norm) + (c_norm * c_norm), uq, c.T, alpha=-2)
-    dist2 -= 4.0 * (u.shape[1] + 2) * FLOAT32_EPS * (u_norm + c_norm) ** 2 + 1e-30
+    GEMM, lowered by its rounding bound 4(dim + 2)·u₃₂·(‖u‖ + max‖m‖)² before the square root; the
+    float32 steps after it round by a few u₃₂ relative, taken off by a factor 1 − 1e-5."""
+    u_norm = np.linalg.norm(u.astype(np.float64), axis=1)
+    c_norm = np.linalg.norm(centroids, axis=1)
+    rounding = 4.0 * (u.shape[1] + 2) * FLOAT32_EPS * (u_norm + c_norm.max(initial=0.0)) ** 2 + 1e-30
+    dist2 = torch.addmm(torch.from_numpy((c_norm ** 2).astype(np.float32))[None, :],
+                        torch.from_numpy(u.astype(np.float32)), torch.from_numpy(centroids.astype(np.float32)).T,
+                        alpha=-2)
+    dist2 += torch.from_numpy((u_norm ** 2 - rounding).astype(np.float32))[:, None]
     gap = dist2.clamp_min_(0).sqrt_().sub_(torch.from_numpy((radii + 2 * error).astype(np.float32))[None, :])
-    # the float32 steps after the GEMM round by a few units of u₃₂ relative: taken off with room
-    return weight * (1 - 1e-5) * np.square(gap.clamp_min_(0).numpy().astype(np.float64))
+    return gap.clamp_min_(0).square_().mul_(weight * (1 - 1e-5)).numpy()
