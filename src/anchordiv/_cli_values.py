@@ -4,6 +4,7 @@ written by hand (``--anchor``, ``--anchor-file``), and the cells of the CSV file
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any, Callable, Mapping, Sequence
 
@@ -199,3 +200,40 @@ def written_anchors(texts: Sequence[str], file: str | None, encoder: Any) -> tup
         why = why.replace(" (weights= sets how much each counts)", "").rstrip(".")
         raise click.BadParameter(why, param_hint="--anchor" if found[0] < len(texts) else "--anchor-file") from None
     return f"{WRITTEN} ({len(aset)} anchor{'' if len(aset) == 1 else 's'})", aset, getattr(encoder, "tau", None)
+
+
+def cluster_options(what: str):
+    """``--workers N`` (a local Dask cluster) and ``--scheduler ADDRESS`` (an existing one) for ``what``."""
+    def wrap(f):
+        f = click.option("--scheduler", default=None, metavar="ADDRESS",
+                         help=f"{what} on an existing Dask cluster, e.g. tcp://10.0.0.5:8786.")(f)
+        return click.option("--workers", type=click.IntRange(min=1), default=None,
+                            help=f"{what} on a local Dask cluster of this many worker processes "
+                                 "(pip install 'dask[distributed]').")(f)
+    return wrap
+
+
+@contextlib.contextmanager
+def dask_client(workers: int | None, scheduler: str | None):
+    """A ``distributed.Client`` of a local cluster of ``workers`` processes (on 127.0.0.1) or of
+    ``scheduler``; None when neither is given."""
+    if workers is not None and scheduler is not None:
+        raise click.UsageError("pass either --workers (a local Dask cluster) or --scheduler (an existing one)")
+    if workers is None and scheduler is None:
+        yield None
+        return
+    try:
+        import distributed
+    except ImportError:
+        raise click.UsageError("--workers and --scheduler need Dask: pip install 'dask[distributed]'") from None
+    if scheduler is not None:
+        try:
+            client = distributed.Client(scheduler, timeout=10)
+        except OSError as exc:
+            raise click.UsageError(f"--scheduler {scheduler}: cannot reach the Dask scheduler ({exc})") from None
+        with client:
+            yield client
+        return
+    with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        yield client

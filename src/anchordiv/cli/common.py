@@ -12,7 +12,9 @@ from typing import Any
 
 import click
 
+from .._cli_values import cluster_options as _cluster_options  # noqa: F401 (for the commands)
 from .._cli_values import csv_cell as _csv_cell
+from .._cli_values import dask_client as _dask_client  # noqa: F401 (for the commands)
 from .._cli_values import model_param_values as _model_param_values
 from .._cli_values import tau_option as _tau_option
 from .._cli_values import written_anchor_options as _written_anchor_options  # noqa: F401 (for the commands)
@@ -183,10 +185,11 @@ def _build_model(name: str, anchors: Any, tau: float | None, params: dict[str, d
     return model.fit(None)
 
 
-def _load_collection(path: str) -> Any:
+def _load_collection(path: str, mmap: bool = False) -> Any:
+    """The collection; ``mmap``: its shards memory-mapped as stored (for Dask workers to map them too)."""
     from ..io import load_collection
 
-    return load_collection(path)
+    return load_collection(path, mmap=True, dtype=None) if mmap else load_collection(path)
 
 
 def _collection_encoder(collection: Any, override: str | None, device: str | None,

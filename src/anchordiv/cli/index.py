@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -28,7 +27,9 @@ from .common import (
     _check_k,
     _check_model_options,
     _check_rows,
+    _cluster_options,
     _collection_encoder,
+    _dask_client,
     _default_tau,
     _emit,
     _gather_queries,
@@ -226,10 +227,7 @@ def index() -> None:
 @click.option("--encoder", default=None, metavar="SPEC", help=_ENCODER_HELP)
 @click.option("--device", default=None, help="Torch device for the encoder and the model.")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), help="Index file to write.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Build on a local Dask cluster of this many worker processes (pip install 'dask[distributed]').")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="Build on an existing Dask cluster, e.g. tcp://10.0.0.5:8786.")
+@_cluster_options("Build")
 def index_build(collection, anchor_spec, anchor_texts, anchor_file, model_name, tau, components, rank, seed,
                 model_params, backend, index_type, params, asymmetric, encoder, device, out_path, workers,
                 scheduler) -> None:
@@ -266,8 +264,6 @@ def index_build(collection, anchor_spec, anchor_texts, anchor_file, model_name, 
     kwargs = {**backend_cls.file_params(os.fspath(out_path)), **kwargs}
     import numpy as np
 
-    if workers is not None and scheduler is not None:
-        raise click.UsageError("pass either --workers (a local Dask cluster) or --scheduler (an existing one)")
     with _dask_client(workers, scheduler) as client:
         source = collection if Path(collection).is_dir() or str(collection).lower().endswith(".npy") else coll
         idx = build_index(model, source, backend, symmetric=not asymmetric, client=client, **kwargs)
@@ -291,26 +287,6 @@ def index_build(collection, anchor_spec, anchor_texts, anchor_file, model_name, 
         if recall < RECALL_WARNING:
             warnings.warn(f"recall@10 is {recall:.3f} < {RECALL_WARNING}: raise --param ef_search=... (hnsw), "
                           "nprobe=... (ivf) or shortlist=..., or use --backend exact")
-
-
-@contextlib.contextmanager
-def _dask_client(workers: int | None, scheduler: str | None):
-    """A ``distributed.Client`` of a local cluster of ``workers`` processes (on 127.0.0.1) or of
-    ``scheduler``; None when neither is given."""
-    if workers is None and scheduler is None:
-        yield None
-        return
-    try:
-        import distributed
-    except ImportError:
-        raise click.UsageError("--workers and --scheduler need Dask: pip install 'dask[distributed]'") from None
-    if scheduler is not None:
-        with distributed.Client(scheduler) as client:
-            yield client
-        return
-    with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
-        yield client
 
 
 @index.command("search")

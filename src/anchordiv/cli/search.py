@@ -17,7 +17,9 @@ from .common import (
     _build_model,
     _check_k,
     _check_model_options,
+    _cluster_options,
     _collection_encoder,
+    _dask_client,
     _default_tau,
     _emit,
     _gather_queries,
@@ -59,10 +61,11 @@ from .index import _search_index
 @click.option("--asymmetric", is_flag=True, help="Rank by d(q‖g) instead of the symmetrized divergence.")
 @click.option("--include-self", is_flag=True, help="Keep a --query-row/--query-id item in its own results.")
 @click.option("--device", default=None, help="Torch device for the encoder and the search.")
+@_cluster_options("Build the context and search it")
 @_FORMAT_OPTION
 def search(collection: str, query_refs, query_texts, query_images, anchor_spec, anchor_texts, anchor_file, model_name,
            tau, components, rank, seed, model_params, k, encoder, index_path, asymmetric, include_self, device,
-           fmt) -> None:
+           workers, scheduler, fmt) -> None:
     """Nearest neighbours of queries in a collection under one anchor geometry.
 
     Queries are items of the collection (--query-row N, its row number; --query-id ID,
@@ -71,6 +74,8 @@ def search(collection: str, query_refs, query_texts, query_images, anchor_spec, 
     shows the item's id (when the collection has an 'id' column) and its row. The
     temperature defaults to the collection's (the encoder's) tau. Anchors come from
     --anchors, or are written by hand with --anchor TEXT and --anchor-file FILE (one set).
+    With --workers N or --scheduler ADDRESS the context is built and searched on a Dask
+    cluster, each worker mapping its shards of the collection; the results are the same.
 
     Example:
 
@@ -83,7 +88,8 @@ def search(collection: str, query_refs, query_texts, query_images, anchor_spec, 
           --model latent_gaussian --rank 8 --query-id 12 --format json
       anchordiv search coll/ --anchors anchors.yaml --model gmm --param reg_covar=1e-4 --query-row 0
     """
-    coll = _load_collection(collection)
+    clustered = workers is not None or scheduler is not None
+    coll = _load_collection(collection, mmap=clustered)
     if index_path is not None:
         ctx = click.get_current_context()
         explicit = ctx.get_parameter_source("model_name") == click.core.ParameterSource.COMMANDLINE
@@ -92,6 +98,7 @@ def search(collection: str, query_refs, query_texts, query_images, anchor_spec, 
                                 ("--tau", tau), ("--components", components), ("--rank", rank),
                                 ("--seed", seed), ("--param", model_params or None),
                                 ("--asymmetric", asymmetric or None)) if v is not None]
+        given += [o for o, v in (("--workers", workers), ("--scheduler", scheduler)) if v is not None]
         if given:
             raise click.UsageError(f"{', '.join(given)} cannot be combined with --index (the index holds its model)")
         _search_index(index_path, coll, query_refs, query_texts, query_images, k, encoder, include_self, device, fmt)
@@ -107,14 +114,31 @@ def search(collection: str, query_refs, query_texts, query_images, anchor_spec, 
 
     Q = np.stack(queries.vectors).astype(np.float32)
     _check_k(k, len(coll))
-    Qd, Gd = _as_device(device, Q, coll.embeddings)
-    dist, idx = model.search(Qd, Gd, k=_k_left(k, len(coll), queries, include_self), symmetric=not asymmetric,
-                             exclude=_own_rows(queries, include_self))
+    k_left, own = _k_left(k, len(coll), queries, include_self), _own_rows(queries, include_self)
+    if clustered:
+        dist, idx = _search_on_cluster(model, coll, Q, k_left, not asymmetric, own, workers, scheduler)
+    else:
+        Qd, Gd = _as_device(device, Q, coll.embeddings)
+        dist, idx = model.search(Qd, Gd, k=k_left, symmetric=not asymmetric, exclude=own)
     results = _results(coll, queries, _to_numpy(dist), _to_numpy(idx))
     if anchor_set is not None and t is not None:
         _add_top_anchors(results, anchor_set, Q, t)
     _emit(results, fmt, {"collection": collection, "model": model_name, "anchors": anchor_label,
                          "tau": t if model_name in _tau_models() else None, "k": k}, ids=_has_ids(coll))
+
+
+def _search_on_cluster(model: Any, coll: Any, Q: Any, k: int, symmetric: bool, own: Any, workers: int | None,
+                       scheduler: str | None) -> tuple[Any, Any]:
+    """The context built and searched on a Dask cluster (:class:`anchordiv.contexts.FeatureStore`)."""
+    from ..contexts import context_store
+
+    with _dask_client(workers, scheduler) as client:
+        try:
+            store = context_store(model, coll.embeddings, symmetric=symmetric, client=client)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        store.build()
+        return store.search(Q, k=k, exclude=own)
 
 
 def _add_top_anchors(results: list[dict], anchors: Any, Q: Any, tau: float, top: int = 3) -> None:

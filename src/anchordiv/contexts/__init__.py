@@ -7,8 +7,9 @@ collection's memory-mapped shards (:mod:`anchordiv.contexts.store`) and searched
 (:mod:`anchordiv.contexts.registry`).
 """
 
+from .cluster import ContextLost, PartsMissing
 from .registry import ContextLimit, ContextRegistry, LiveContext
 from .store import Cancelled, FeatureStore, IndexStore, compact, context_store
 
 __all__ = ["FeatureStore", "IndexStore", "Cancelled", "context_store", "compact", "ContextRegistry", "LiveContext",
-           "ContextLimit"]
+           "ContextLimit", "ContextLost", "PartsMissing"]

@@ -69,6 +69,8 @@ class LiveContext:
         if self.store is not None:
             out["rows"] = self.store.n
             out["features"] = self.store.width
+            if getattr(self.store, "cluster", None) is not None:
+                out["parts"] = len(self.store.cluster.parts)
         if self.error:
             out["error"] = self.error
         return out
@@ -90,18 +92,20 @@ class ContextRegistry:
     size : callable, optional
         ``size(context)`` → the bytes a built context holds (default: its features and
         :data:`CONTEXT_OVERHEAD`); a service counts every storage it keeps alive.
+    client : distributed.Client, optional
+        Build and keep compact contexts on this Dask cluster (:mod:`anchordiv.contexts.cluster`).
     """
 
     def __init__(self, rows: Any, *, max_bytes: int = 1 << 30, max_contexts: int = 32,
                  memory_budget: int = DEFAULT_MEMORY_BUDGET, storage: str = "auto", backend: str = "exact",
-                 size: Callable[[LiveContext], int] | None = None):
+                 size: Callable[[LiveContext], int] | None = None, client: Any = None):
         if int(max_contexts) < 1:
             raise ValueError(f"max_contexts must be at least 1, got {max_contexts!r}.")
         if int(max_bytes) < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes!r}.")
         self.rows, self.max_bytes, self.max_contexts = rows, int(max_bytes), int(max_contexts)
         self.memory_budget, self.storage, self.backend = memory_budget, storage, backend
-        self.size = size
+        self.size, self.client = size, client
         self._contexts: OrderedDict[Any, LiveContext] = OrderedDict()
         self._lock = threading.Lock()
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anchordiv-context")
@@ -165,6 +169,14 @@ class ContextRegistry:
         ctx.cancel.set()
         return True
 
+    def forget(self, ctx: LiveContext) -> None:
+        """Drop ``ctx`` if it is still held (its features are gone, e.g. with its cluster), so that the
+        next :meth:`start` of its key builds it again."""
+        with self._lock:
+            for key, held in list(self._contexts.items()):
+                if held is ctx:
+                    del self._contexts[key]
+
     def close(self) -> None:
         """Cancel every build and stop the builder thread."""
         with self._lock:
@@ -181,7 +193,7 @@ class ContextRegistry:
             model, symmetric, *extra = fit()
             ctx.info.update(*extra)
             store = context_store(model, self.rows, symmetric=symmetric, backend=self.backend, storage=self.storage,
-                                  memory_budget=self.memory_budget)
+                                  memory_budget=self.memory_budget, client=self.client)
             needed = store.nbytes + CONTEXT_OVERHEAD
             with self._lock:
                 if needed > self.max_bytes:

@@ -35,8 +35,16 @@ import numpy as np
 import torch
 
 from .._backend import all_finite, positive_int
-from ..exact import DEFAULT_MEMORY_BUDGET, KEY_SHARE, NO_INDEX, exclusions, knn_within, smallest_k
+from ..exact import (
+    DEFAULT_MEMORY_BUDGET,
+    KEY_SHARE,
+    NO_INDEX,
+    exclusions,
+    knn_within,
+    smallest_k,
+)
 from ..io.mapped import MappedRows, as_rows
+from .cluster import DEFAULT_TIMEOUT, PART_ROWS, ClusterParts
 
 #: Rows per block of a build at most: a float32 block of 512-d rows fits in the last-level cache, and
 #: a geometry's own row chunks (``Geometry.batch_size``) need no concatenation.
@@ -70,6 +78,7 @@ class _Store:
     """What both paths share: the model, the rows, progress and the build loop's bookkeeping."""
 
     path: str = ""
+    cancelled = Cancelled
 
     def __init__(self, model: Any, rows: Any, symmetric: bool, memory_budget: int):
         self.model, self.rows, self.symmetric = model, _checked_rows(rows), bool(symmetric)
@@ -80,7 +89,6 @@ class _Store:
                              f"{dim}; embed the anchors with the collection's encoder.")
         self.done = 0
         self.seconds = 0.0
-        self._lock = threading.Lock()
 
     @property
     def n(self) -> int:
@@ -158,12 +166,22 @@ class FeatureStore(_Store):
         to float32.
     memory_budget : int
         Bytes of one build block and of one block of a scan.
+    client : distributed.Client, optional
+        Keep the features on this Dask cluster (:mod:`anchordiv.contexts.cluster`): each worker
+        maps and builds its parts of the shard files, a query's top-k is computed on every part
+        and merged here; the results equal one process's. ``rows`` must be memory-mapped shard files.
+    part_rows : int
+        Rows of one cluster part at most (with ``client``).
+    timeout : float
+        Seconds a cluster search or build waits with no worker connected before it names the
+        parts it is missing (with ``client``).
     """
 
     path = "scan"
 
     def __init__(self, model: Any, rows: Any, *, symmetric: bool = True, storage: str = "auto",
-                 memory_budget: int = DEFAULT_MEMORY_BUDGET):
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET, client: Any = None, part_rows: int = PART_ROWS,
+                 timeout: float = DEFAULT_TIMEOUT):
         super().__init__(model, rows, symmetric, memory_budget)
         if storage not in ("auto", "float16", "float32"):
             raise ValueError(f"storage must be 'auto', 'float16' or 'float32', got {storage!r}.")
@@ -174,6 +192,16 @@ class FeatureStore(_Store):
         self.high = self.low = torch.empty(0, self.width, dtype=self.storage)
         self.key_norm = 0.0
         self.shortlists: list[int] = []
+        self.cluster = None
+        if client is not None:
+            block = _block_rows(self.rows.shape[1], self.width, self.memory_budget)
+            self.cluster = ClusterParts(self, client, storage=storage, block=block,
+                                        part_rows=positive_int(part_rows, "part_rows"), timeout=timeout)
+
+    @property
+    def workers(self) -> int:
+        """Dask workers connected to the store's cluster (0 in one process)."""
+        return 0 if self.cluster is None else len(self.cluster.client.scheduler_info().get("workers", {}))
 
     @property
     def nbytes(self) -> int:
@@ -186,6 +214,8 @@ class FeatureStore(_Store):
 
     def build(self, progress: Progress | None = None, cancel: threading.Event | None = None) -> "FeatureStore":
         """Compute and store ψ of every row, one block (one GEMM) at a time; returns self."""
+        if self.cluster is not None:
+            return self._build_on_cluster(progress, cancel)
         high = torch.empty(self.n, self.width, dtype=self.storage)
         low = torch.empty(self.n, self.width, dtype=torch.float16) if self.storage == torch.float16 else None
         norm = 0.0
@@ -202,6 +232,18 @@ class FeatureStore(_Store):
             if low is not None:  # psi may be the rows themselves (iti): never written to
                 low[start:stop] = psi - high[start:stop].float()
         self.high, self.low, self.key_norm = high, low, norm
+        return self
+
+    def _build_on_cluster(self, progress: Progress | None, cancel: threading.Event | None) -> "FeatureStore":
+        start_time, self.done = time.perf_counter(), 0
+
+        def on_part(rows: int) -> None:
+            self.done += rows
+            self.seconds = time.perf_counter() - start_time
+            if progress is not None:
+                progress(self.done, self.n)
+
+        self.cluster.build(on_part, cancel)
         return self
 
     def slack(self, offsets: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
@@ -225,12 +267,19 @@ class FeatureStore(_Store):
         self._check_ready()
         q, kind, k, ex, allow, _ = self._queries(Q, k, exclude, allow)
         offsets, phi = self.model.query_terms(q.double(), self.symmetric, compute_dtype=True)
-        eps = self.slack(offsets, phi)
-        who, rows = knn_within(offsets.float(), phi.float(), [self.high], k, eps, n_keys=self.n, exclude=ex,
-                               allow=allow, memory_budget=self.memory_budget)
-        self.shortlists.append(int(rows.numel()) // max(1, q.shape[0]))
-        dist, found = self._rerank(offsets, phi, who, rows, k)
+        search = self.search_terms if self.cluster is None else self.cluster.search
+        dist, found = search(offsets, phi, k, ex, allow)
         return kind.out(dist), (found.numpy() if kind.is_numpy else found)
+
+    def search_terms(self, offsets: torch.Tensor, phi: torch.Tensor, k: int, exclude: torch.Tensor | None,
+                     allow: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact float64 top-k (distances, rows) of queries given by their float64 terms o(q), φ(q),
+        at most ``k`` per query (fewer when fewer rows are left: padded with inf and −1)."""
+        eps = self.slack(offsets, phi)
+        who, rows = knn_within(offsets.float(), phi.float(), [self.high], k, eps, n_keys=self.n, exclude=exclude,
+                               allow=allow, memory_budget=self.memory_budget)
+        self.shortlists.append(int(rows.numel()) // max(1, offsets.shape[0]))
+        return self._rerank(offsets, phi, who, rows, k)
 
     def stored(self, rows: torch.Tensor) -> torch.Tensor:
         """ψ of stored ``rows`` in float64 (float16 storage: the high part plus its residual)."""
@@ -310,11 +359,14 @@ def compact(model: Any, dim: int, symmetric: bool = True) -> bool:
 
 
 def context_store(model: Any, rows: Any, *, symmetric: bool = True, backend: str = "exact", storage: str = "auto",
-                  memory_budget: int = DEFAULT_MEMORY_BUDGET, **params: Any) -> FeatureStore | IndexStore:
+                  memory_budget: int = DEFAULT_MEMORY_BUDGET, client: Any = None,
+                  **params: Any) -> FeatureStore | IndexStore:
     """The store of a new context, not yet built: a :class:`FeatureStore` when the geometry's
-    features are compact (:func:`compact`), else an :class:`IndexStore` of ``backend``."""
+    features are compact (:func:`compact`), kept on the Dask cluster of ``client`` when one is
+    given, else an :class:`IndexStore` of ``backend`` (built in this process)."""
     if compact(model, as_rows(rows).shape[1], symmetric):
-        return FeatureStore(model, rows, symmetric=symmetric, storage=storage, memory_budget=memory_budget)
+        return FeatureStore(model, rows, symmetric=symmetric, storage=storage, memory_budget=memory_budget,
+                            client=client)
     return IndexStore(model, rows, symmetric=symmetric, backend=backend, memory_budget=memory_budget, **params)
 
 

@@ -133,7 +133,7 @@ def as_rows(embeddings: Any) -> MappedRows:
     """``embeddings`` (a :class:`MappedRows`, or an (n, d) array) as :class:`MappedRows`."""
     if isinstance(embeddings, MappedRows):
         return embeddings
-    arr = np.asarray(embeddings)
+    arr = embeddings if isinstance(embeddings, np.ndarray) else np.asarray(embeddings)  # a memmap stays one
     if arr.dtype not in MAPPED_DTYPES:
         arr = arr.astype(np.float32)
     return MappedRows([arr])

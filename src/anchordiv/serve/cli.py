@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .._cli_values import WRITTEN, written_anchor_options, written_anchors
+from .._cli_values import WRITTEN, cluster_options, dask_client, written_anchor_options, written_anchors
 from .server import DEFAULT_HOST, PortError, bind, is_loopback
 
 
@@ -138,9 +138,10 @@ def state_folder(path: str, collection: Any) -> Path:
 @click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
               help="Allow a browser page from ORIGIN (e.g. a clip-retrieval front end) to call the API (repeatable).")
 @click.option("--device", default=None, help="Torch device of the encoder.")
+@cluster_options("Build and search the contexts")
 def serve_command(collection, anchors_file, anchor_texts, anchor_file, index_specs, host, port, encoder, default_model,
                   default_context, tau, label_columns, cache_mb, max_contexts, state_dir, build_wait, cors_origins,
-                  device) -> None:
+                  device, workers, scheduler) -> None:
     """Serve COLLECTION: a web page where anchors steer similarity, and a JSON API.
 
     The page (at /) searches by text, by item (click a result) or by an uploaded image
@@ -151,7 +152,9 @@ def serve_command(collection, anchors_file, anchor_texts, anchor_file, index_spe
     Binds 127.0.0.1 unless --host says otherwise. Anchors written by hand (--anchor TEXT,
     --anchor-file FILE) are one more set, 'written'; anchors written on the page or with
     POST /api/contexts make contexts built in the background, kept in --state. The collection
-    is memory-mapped: start-up does not grow with its size.
+    is memory-mapped: start-up does not grow with its size. With --workers N (a local Dask
+    cluster) or --scheduler ADDRESS, the contexts are built and searched on the cluster's
+    workers, each mapping its shards; results equal one process's.
 
     Example:
 
@@ -181,12 +184,13 @@ def serve_command(collection, anchors_file, anchor_texts, anchor_file, index_spe
         if name in indexes:
             raise click.BadParameter(f"two indexes are named {name!r}", param_hint="--index")
         indexes[name] = Index.load(path, device=device)
-    try:
-        service = Service(coll, anchors, enc, indexes=indexes, tau=tau, default_model=default_model,
-                          default_context=default_context, label_columns=list(label_columns) or None,
-                          cache_bytes=cache_mb << 20, max_contexts=max_contexts, build_wait=build_wait,
-                          state=state_dir or state_folder(collection, coll))
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-    run_service(service, host=host, port=port, cors_origins=list(cors_origins) or None, sock=sock)
+    with dask_client(workers, scheduler) as client:
+        try:
+            service = Service(coll, anchors, enc, indexes=indexes, tau=tau, default_model=default_model,
+                              default_context=default_context, label_columns=list(label_columns) or None,
+                              cache_bytes=cache_mb << 20, max_contexts=max_contexts, build_wait=build_wait,
+                              state=state_dir or state_folder(collection, coll), client=client)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        run_service(service, host=host, port=port, cors_origins=list(cors_origins) or None, sock=sock)
 

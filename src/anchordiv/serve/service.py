@@ -43,6 +43,7 @@ from .. import anchorsfile
 from .._util import check_tau, json_scalar
 from ..anchors import AnchorSet
 from ..contexts import ContextLimit, ContextRegistry, LiveContext
+from ..contexts.cluster import ContextLost, PartsMissing, shard_files
 from ..diagnostics import explain
 from ..io.mapped import as_rows
 from ..models import make_model, model_names, model_params, registry
@@ -122,6 +123,9 @@ class Service(ClipRetrieval):
         again after a restart; None keeps them in memory only.
     build_wait : float
         Seconds a search waits for its context's build before answering 503 with the progress.
+    client : distributed.Client, optional
+        Build and keep the contexts on this Dask cluster (each worker maps its shards; a query is
+        answered by every worker and merged exactly); the collection must be memory-mapped shard files.
     title : str, optional
         Shown on the page.
     root : str or Path, optional
@@ -133,7 +137,7 @@ class Service(ClipRetrieval):
                  tau: float | None = None, default_model: str = "softmax", default_context: str | None = None,
                  label_columns: list[str] | None = None, cache_bytes: int = 1 << 30, max_contexts: int = 32,
                  state: str | os.PathLike | None = None, build_wait: float = BUILD_WAIT, title: str | None = None,
-                 root: str | os.PathLike | None = None):
+                 root: str | os.PathLike | None = None, client: Any = None):
         self.collection = collection
         self.anchors = anchors
         self.encoder = encoder
@@ -170,8 +174,10 @@ class Service(ClipRetrieval):
                 raise ValueError(f"index {name!r} does not match the collection (its ids must be row numbers "
                                  f"0..{self.n - 1} and its dimension {self.dim})")
         self._held = storages(self.rows, self.anchors)  # alive for the service's lifetime: not charged to a context
+        if client is not None:
+            shard_files(self.rows)  # every worker maps the shards itself: they must be files
         self.contexts = ContextRegistry(self.rows, max_bytes=cache_bytes, max_contexts=max_contexts,
-                                        size=self.context_nbytes)
+                                        size=self.context_nbytes, client=client)
         self.written = WrittenContexts(state, getattr(encoder, "name", None) or collection.encoder, max_contexts)
         self.build_wait = float(build_wait)
         self._thumbs = ByteLRU(64 << 20)
@@ -656,7 +662,11 @@ class Service(ClipRetrieval):
         k = min(k, left)
         if k <= 0:
             return np.zeros(0), np.zeros(0, dtype=np.int64)
-        d, i = ctx.store.search(q[None], k=k, exclude=None if own is None else np.array([[own]]), allow=rows)
+        try:
+            d, i = ctx.store.search(q[None], k=k, exclude=None if own is None else np.array([[own]]), allow=rows)
+        except (ContextLost, PartsMissing) as exc:  # the cluster lost its features: built again when asked
+            self.contexts.forget(ctx)
+            raise FieldError("context", f"{ctx.name}: {exc}; it is built again on the next request", 503) from None
         return np.asarray(d[0]), np.asarray(i[0])
 
     def _index_search(self, name: str, q: np.ndarray, k: int, own: int | None,
