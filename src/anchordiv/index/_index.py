@@ -61,7 +61,7 @@ class Index:
             server), ``token``, ``db_name``, ``collection_name`` ("anchordiv"),
             ``index_type`` ("FLAT" default, "HNSW", "IVF_FLAT", "AUTOINDEX"), ``M``,
             ``ef_construction``, ``ef_search``, ``nlist`` (128), ``nprobe``, ``shortlist``,
-            ``norm_margin``, ``overwrite`` (False), ``consistency_level`` ("Strong"),
+            ``norm_margin``, ``overwrite`` (False), ``consistency_level`` ("Session"),
             ``memory_budget``.
 
     Notes

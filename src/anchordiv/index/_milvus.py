@@ -5,7 +5,6 @@ Connection and collection layout are described in :mod:`anchordiv.index`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -16,12 +15,13 @@ import numpy as np
 import torch
 
 from .._util import require
-from ..models import registry
 from ..models.base import EuclideanModel
 from ..exact import key_feature_blocks
 from ._common import (DEFAULT_MEMORY_BUDGET, Backend, BackendTags, margin_value, positive_int,
-                      query_blocks, rerank, shortlist_size, warn_missing)
+                      shortlist_size, warn_missing)
 from ._layout import VectorLayout
+from ._milvus_digest import _short, ids_digest, model_digest
+from ._milvus_search import LocalFeatures, search_milvus
 
 INDEX_TYPES = ("FLAT", "HNSW", "IVF_FLAT", "AUTOINDEX")
 ID_FIELD, VECTOR_FIELD, EMBEDDING_FIELD = "id", "vec", "embedding"
@@ -43,7 +43,6 @@ FINGERPRINT_KEY = "anchordiv.fingerprint"
 IDENTITY = ("model", "symmetric", "dim", "layout", "build")
 #: Fingerprint entries that change as rows are added (``M`` grows when keys are re-augmented).
 CONTENT = ("ids", "M")
-_MASK = (1 << 64) - 1
 
 
 def import_pymilvus(lite: bool):
@@ -57,75 +56,6 @@ def import_pymilvus(lite: bool):
 def is_lite(uri: str) -> bool:
     """Whether ``uri`` names a local milvus-lite file rather than a server."""
     return "://" not in uri
-
-
-def _feed(h: Any, value: Any) -> None:
-    """Hash ``value`` deterministically: tensors by their float64 (or int64) values, the rest by repr."""
-    if isinstance(value, np.ndarray):
-        value = torch.from_numpy(value)
-    if isinstance(value, torch.Tensor):
-        t = value.detach().cpu()
-        t = t.to(torch.complex128 if t.is_complex() else torch.float64 if t.is_floating_point() else torch.int64)
-        h.update(f"tensor{tuple(t.shape)}{t.dtype}:".encode())
-        h.update(t.contiguous().numpy().tobytes())
-    elif isinstance(value, dict):
-        h.update(b"{")
-        for k in sorted(value, key=str):
-            _feed(h, str(k))
-            _feed(h, value[k])
-        h.update(b"}")
-    elif isinstance(value, (list, tuple)):
-        h.update(b"[")
-        for v in value:
-            _feed(h, v)
-        h.update(b"]")
-    elif isinstance(value, torch.device):
-        h.update(b"device;")  # where a model lives is not what it is
-    elif isinstance(value, np.generic):
-        _feed(h, value.item())
-    elif isinstance(value, float):
-        h.update(f"f{float(value)!r};".encode())
-    else:
-        h.update(f"{type(value).__name__}:{value!r};".encode())
-
-
-def model_digest(model: Any) -> str:
-    """``"<registry name>:<sha256>"`` of a fitted geometry's class, parameters and public fitted attributes.
-
-    Private attributes (caches) and the device are left out, so a model and its
-    save/load round trip (on any device) have the same digest.
-    """
-    cls = type(model)
-    name = next((n for n, c in registry().items() if c is cls), f"{cls.__module__}.{cls.__qualname__}")
-    h = hashlib.sha256()
-    _feed(h, f"{cls.__module__}.{cls.__qualname__}")
-    _feed(h, model.get_params())
-    _feed(h, {k: v for k, v in vars(model).items() if not k.startswith("_") and k != "device_"})
-    return f"{name}:{h.hexdigest()}"
-
-
-def ids_digest(ids: np.ndarray, previous: str | None = None, removed: bool = False) -> str:
-    """Order-independent ``"<count>:<hash>"`` of an id set; ``previous`` is the digest of the ids stored before,
-    to which ``ids`` are added (or from which they are ``removed``).
-
-    The hash is the sum modulo 2⁶⁴ of splitmix64(id), so it is updated per batch.
-    """
-    count, total = (0, 0) if previous is None else (int(previous.split(":")[0]), int(previous.split(":")[1], 16))
-    z = np.asarray(ids, dtype=np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    sign = -1 if removed else 1
-    total = (total + sign * int(z.sum(dtype=np.uint64))) & _MASK
-    return f"{count + sign * len(z)}:{total:016x}"
-
-
-def _short(value: Any) -> Any:
-    """A model digest cut to its name and 12 hex digits, for messages."""
-    if isinstance(value, str) and ":" in value:
-        name, _, digest = value.partition(":")
-        return f"{name}:{digest[:12]}…"
-    return value
 
 
 def _lite_locked(path: str) -> bool:
@@ -261,12 +191,19 @@ class MilvusBackend(Backend):
     overwrite : bool
         Drop an existing collection of that name instead of refusing to use it.
     consistency_level : str
-        Milvus consistency level of searches and counts ("Strong" sees every insert).
+        Milvus consistency level of searches (counts, and the collection's own default for other
+        tools, are "Strong"). The default "Session" sees every write of this client at once and
+        waits for no other (a read-mostly collection); "Strong" also waits for the writes of
+        other clients, "Bounded" for none.
     memory_budget : int
         Bytes allowed for the candidate features re-ranked at once.
     store_embedding : bool
         Keep the raw embedding beside the key vector (field ``embedding``, or the companion
         collection ``<collection_name>_embedding`` on a Milvus that allows one vector field).
+    local_features : bool
+        Keep the key features ψ of the keys this client adds (float32, as faiss does), so that
+        the re-rank reads the shortlist locally; otherwise (and for an index loaded from a
+        file or built by Dask workers) Milvus returns the shortlist's stored vectors.
 
     Notes
     -----
@@ -281,7 +218,8 @@ class MilvusBackend(Backend):
     DEFAULTS = {"uri": None, "token": None, "db_name": None, "collection_name": "anchordiv",
                 "index_type": "FLAT", "M": 32, "ef_construction": 200, "ef_search": 128, "nlist": 128,
                 "nprobe": 16, "shortlist": None, "norm_margin": 1.25, "overwrite": False,
-                "consistency_level": "Strong", "memory_budget": DEFAULT_MEMORY_BUDGET, "store_embedding": True}
+                "consistency_level": "Session", "memory_budget": DEFAULT_MEMORY_BUDGET, "store_embedding": True,
+                "local_features": True}
     CHECKS = {
         "uri": _uri,
         "collection_name": lambda v: _name(v, "collection_name"),
@@ -295,6 +233,7 @@ class MilvusBackend(Backend):
         "norm_margin": margin_value,
         "overwrite": bool,
         "store_embedding": bool,
+        "local_features": bool,
         "consistency_level": lambda v: _name(v, "consistency_level"),
         "memory_budget": lambda v: positive_int(v, "memory_budget"),
     }
@@ -316,6 +255,9 @@ class MilvusBackend(Backend):
         #: (``"field"``, ``"companion"`` or None); set by the first add.
         self.fields: dict[str, str] = {}
         self.raw: str | None = None
+        #: ψ of every stored key, in position order, when this client wrote them all (else None).
+        self.local = LocalFeatures() if create and p["local_features"] else None
+        self.wrote = False  # whether this client wrote since its last Strong read
         name = p["collection_name"]
         if create and self.client.has_collection(name):
             if not p["overwrite"]:
@@ -445,7 +387,8 @@ class MilvusBackend(Backend):
             index_params.add_index(field_name=EMBEDDING_FIELD, index_type="FLAT", metric_type="COSINE")
         name = p["collection_name"]
         fingerprint = self._new_fingerprint(dim, bound)
-        self.client.create_collection(name, schema=schema, consistency_level=p["consistency_level"],
+        # Strong: other tools that read the collection at its default level see every write
+        self.client.create_collection(name, schema=schema, consistency_level="Strong",
                                       properties={FINGERPRINT_KEY: json.dumps(fingerprint, sort_keys=True)})
         try:
             # an empty collection: the index is registered at once and built as segments fill
@@ -467,8 +410,7 @@ class MilvusBackend(Backend):
         schema.add_field(EMBEDDING_FIELD, DataType.FLOAT_VECTOR, dim=raw_dim)
         index_params = self.client.prepare_index_params()
         index_params.add_index(field_name=EMBEDDING_FIELD, index_type="FLAT", metric_type="COSINE")
-        self.client.create_collection(self.companion, schema=schema,
-                                      consistency_level=self.params["consistency_level"])
+        self.client.create_collection(self.companion, schema=schema, consistency_level="Strong")
         # not loaded: it is written and read by id only, and loading takes seconds on Milvus 2.3
         self.client.create_index(self.companion, index_params, sync=False)
 
@@ -480,6 +422,7 @@ class MilvusBackend(Backend):
             raw = None
         step = max(1, INSERT_BYTES // (4 * (vectors.shape[1] + (0 if raw is None else raw.shape[1]))))
         write = self.client.upsert if upsert else self.client.insert
+        self.wrote = True
         for s in range(0, len(ids), step):
             rows = [{ID_FIELD: int(i), VECTOR_FIELD: v} for i, v in zip(ids[s:s + step], vectors[s:s + step])]
             for col, values in extra.items():
@@ -515,6 +458,7 @@ class MilvusBackend(Backend):
     def delete(self, positions: np.ndarray, ids: np.ndarray, n: int, replaced: bool = False) -> None:
         """Delete the rows of ``ids`` (kept when ``replaced``: the upsert that follows overwrites them)."""
         self._check()
+        self.wrote = True
         if not replaced:
             for s in range(0, len(ids), GET_BATCH):
                 chunk = [int(i) for i in ids[s:s + GET_BATCH]]
@@ -522,6 +466,8 @@ class MilvusBackend(Backend):
                 if self.raw == "companion":
                     self.client.delete(self.companion, ids=chunk)
         self._set_fingerprint({**self.fingerprint, "ids": ids_digest(ids, self.fingerprint["ids"], removed=True)})
+        if self.local is not None:
+            self.local.delete(positions)
 
     def add(self, psi: torch.Tensor, ids: np.ndarray, stored_ids: np.ndarray, upsert: bool = False,
             raw: torch.Tensor | None = None, metadata: Any = None) -> None:
@@ -573,6 +519,12 @@ class MilvusBackend(Backend):
                 pass
             raise
         self.layout = layout
+        if self.local is not None:
+            self.local.append(psi)
+
+    def reserve(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
+        if self.local is not None:
+            self.local.reserve(rows, width, dtype)
 
     def build_on_cluster(self, model: Any, symmetric: bool, client: Any, shards: list, first: torch.Tensor,
                          budget: int, progress: Any) -> np.ndarray:
@@ -585,7 +537,7 @@ class MilvusBackend(Backend):
                 "A Milvus build on a Dask cluster needs the geometry's fixed augmentation bound M, so that every "
                 "worker writes the same layout; this geometry (or symmetric=False) has none. Build without client=."
             )
-        self.layout = layout
+        self.layout, self.local = layout, None  # the workers write the keys
         metadata = shards[0].read_metadata()
         self._create(layout.vector_dim, layout.max_norm, int(first.shape[1]),
                      None if metadata is None else scalar_fields(metadata))
@@ -618,6 +570,9 @@ class MilvusBackend(Backend):
 
     def key_blocks(self, stored_ids: np.ndarray, rows: int = GET_BATCH * 8):
         self._check()
+        if self.local is not None:
+            yield from (self.local.rows()[s:s + (1 << 16)] for s in range(0, self.local.n, 1 << 16))
+            return
         for start in range(0, len(stored_ids), rows):
             yield self._stored(self._read(stored_ids[start:start + rows]))
 
@@ -627,6 +582,15 @@ class MilvusBackend(Backend):
             norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
             vectors = vectors * np.divide(self.layout.max_norm, norms, out=np.zeros_like(norms), where=norms > 0)
         return self.layout.unpack(vectors)
+
+    def read_level(self) -> str:
+        """Consistency level of the next search: "Session" reads Strong once after this client's writes
+        (Milvus 2.3 gives deletes no timestamp for pymilvus' own session), then Session."""
+        level = self.params["consistency_level"]
+        if level == "Session" and self.wrote:
+            self.wrote = False
+            return "Strong"
+        return level
 
     def _search_params(self, s: int) -> dict:
         p = self.params
@@ -639,35 +603,12 @@ class MilvusBackend(Backend):
                allow: str | None = None, certify: bool = False, exclude: None = None,
                queries: None = None) -> tuple:
         """Shortlist from Milvus (among the rows the boolean expression ``allow`` selects), re-ranked
-        exactly; ``certify`` certifies no query (the server reports no bound on the keys it left out)."""
+        in float64 (:mod:`._milvus_search`); ``certify`` certifies no query (the server reports no bound on the keys it left out)."""
         if k > MAX_LIMIT:
             raise ValueError(f"k={k} exceeds the {MAX_LIMIT} results a Milvus search returns; use a smaller k.")
         self._check()
-        p, layout = self.params, self.layout
-        s = min(shortlist_size(p["shortlist"], k, n), MAX_LIMIT)
-        per_query = s * (layout.vector_dim + 2) * (8 + phi.element_size())
-        budget = min(p["memory_budget"], 64 * 2**20)
-        out_d, out_p = [], []
-        for sl in query_blocks(phi.shape[0], per_query, budget):
-            y = layout.queries(phi[sl])
-            hits = self.client.search(p["collection_name"], data=list(y), limit=s, anns_field=VECTOR_FIELD,
-                                      search_params=self._search_params(s), output_fields=[VECTOR_FIELD],
-                                      consistency_level=p["consistency_level"], filter=allow or "")
-            cand = np.full((len(y), s), -1, dtype=np.int64)
-            valid = np.zeros((len(y), s), dtype=bool)  # not cand >= 0: ids may be negative
-            vecs = np.zeros((len(y), s, layout.vector_dim), dtype=np.float32)
-            for r, row in enumerate(hits):
-                if len(row):
-                    cand[r, :len(row)] = [h[ID_FIELD] for h in row]
-                    valid[r, :len(row)] = True
-                    vecs[r, :len(row)] = np.asarray([h["entity"][VECTOR_FIELD] for h in row], dtype=np.float32)
-            pos = np.full_like(cand, -1)
-            pos[valid] = positions_of(cand[valid])
-            psi = self._stored(vecs).to(phi.device)
-            d, i = rerank(offsets[sl], phi[sl], psi, torch.from_numpy(pos).to(phi.device), k)
-            out_d.append(d)
-            out_p.append(i)
-        d, i = torch.cat(out_d), torch.cat(out_p)
+        s = min(shortlist_size(self.params["shortlist"], k, n), MAX_LIMIT)
+        d, i = search_milvus(self, offsets, phi, k, s, positions_of, allow)
         warn_missing(i, "milvus", "Fewer rows match the filter, or raise nprobe (IVF_FLAT) or ef_search (HNSW).")
         return (d, i, np.zeros(len(d), dtype=bool)) if certify else (d, i)
 
@@ -677,7 +618,7 @@ class MilvusBackend(Backend):
         if not self.client.has_collection(self.params["collection_name"]):
             return 0
         res = self.client.query(self.params["collection_name"], filter="", output_fields=["count(*)"],
-                                consistency_level=self.params["consistency_level"])
+                                consistency_level="Strong")
         return int(res[0]["count(*)"])
 
     def prepare_save(self) -> None:
