@@ -190,9 +190,10 @@ class ClusterParts:
         import distributed
 
         seen, alone_since = set(), None
+        when = "ALL_COMPLETED" if on_done is None else "FIRST_COMPLETED"  # a search: one wait, no polling
         while True:
             try:
-                distributed.wait([t for t in tasks if t.key not in seen], timeout=0.5, return_when="FIRST_COMPLETED")
+                distributed.wait([t for t in tasks if t.key not in seen], timeout=0.5, return_when=when)
             except TimeoutError:
                 pass
             if cancel is not None and cancel.is_set():
