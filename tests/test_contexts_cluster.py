@@ -331,3 +331,48 @@ def test_service_contexts_written_on_a_cluster_equal_one_process(cluster, texts,
             answers.append([(h["row"], h["distance"]) for h in got["results"]])
             assert ("parts" in c.get(f"/api/contexts/{made['context']}").json()) == (client is not None)
     assert answers[0] == answers[1] and len(answers[0]) == 8
+
+
+def test_the_service_rebuilds_a_context_its_scheduler_lost(texts, tmp_path):
+    """The scheduler is killed and started again: the next search is a 503 saying so, and the one
+    after it builds the context again on the new cluster and answers as before."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from anchordiv.serve import ServerThread, Service, create_app
+    from anchordiv.serve.cli import open_collection
+
+    coll, enc = texts
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler = ["dask_scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"]
+    worker = ["dask_worker", address, "--nthreads", "1", "--no-dashboard", "--no-nanny"]
+    procs = [_dask(*scheduler), _dask(*worker)]
+    body = {"text": "a dog on the sand", "context": "cosine", "k": 5}
+    try:
+        with distributed.Client(address, timeout=60) as client:
+            _wait_for_workers(client, 1)
+            svc = Service(open_collection(str(coll)), None, enc, default_model="cosine", state=tmp_path / "s",
+                          client=client, build_wait=60)
+            with ServerThread(create_app(svc)) as s, httpx.Client(base_url=s.url, timeout=120) as c:
+                first = c.post("/api/search", json=body).json()
+                for p in procs:
+                    p.kill()
+                    p.wait()
+                procs = [_dask(*scheduler)]
+                end, lost = time.monotonic() + 60, None
+                while time.monotonic() < end:
+                    resp = c.post("/api/search", json=body)
+                    if resp.status_code == 503:
+                        lost = resp.json()
+                        break
+                    time.sleep(0.2)
+                assert lost is not None and lost["field"] == "context" and "built again" in lost["error"]
+                procs.append(_dask(*worker))
+                _wait_for_workers(client, 1)
+                again = c.post("/api/search", json=body)
+                assert again.status_code == 200, again.text
+                assert [h["row"] for h in again.json()["results"]] == [h["row"] for h in first["results"]]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
