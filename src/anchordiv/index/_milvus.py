@@ -213,6 +213,9 @@ class MilvusBackend(Backend):
     and searching refuse a collection whose fingerprint differs from the index's.
     """
 
+    #: The collection field of the key features (read by the search for the shortlist's vectors).
+    vector_field = VECTOR_FIELD
+
     name = "milvus"
     TAGS = BackendTags(stores_metadata=True, expression_filters=True, remote=True, workers_write=True)
     DEFAULTS = {"uri": None, "token": None, "db_name": None, "collection_name": "anchordiv",

@@ -70,10 +70,8 @@ def shortlists(hits: Any, s: int) -> tuple[np.ndarray, np.ndarray]:
 def search_milvus(backend: Any, offsets: torch.Tensor, phi: torch.Tensor, k: int, s: int, positions_of: Any,
                   allow: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of the queries (o, φ): one Milvus search per block of queries, re-ranked in float64."""
-    from ._milvus import VECTOR_FIELD
-
     p, layout, local = backend.params, backend.layout, backend.local
-    fields = [] if local is not None else [VECTOR_FIELD]
+    fields = [] if local is not None else [backend.vector_field]
     # per query: the gathered candidates' ψ and their float64 copy
     per_query = s * (layout.vector_dim + 2) * 12
     out_d, out_p = [], []
@@ -81,7 +79,7 @@ def search_milvus(backend: Any, offsets: torch.Tensor, phi: torch.Tensor, k: int
         for q0 in range(sl.start, sl.stop, MAX_NQ):
             block = slice(q0, min(sl.stop, q0 + MAX_NQ))
             y = layout.queries(phi[block])
-            hits = backend.client.search(p["collection_name"], data=list(y), limit=s, anns_field=VECTOR_FIELD,
+            hits = backend.client.search(p["collection_name"], data=list(y), limit=s, anns_field=backend.vector_field,
                                          search_params=backend._search_params(s), output_fields=fields,
                                          consistency_level=backend.read_level(), filter=allow or "")
             cand, valid = shortlists(hits, s)
@@ -93,7 +91,7 @@ def search_milvus(backend: Any, offsets: torch.Tensor, phi: torch.Tensor, k: int
                 vecs = np.zeros((len(y), s, layout.vector_dim), dtype=np.float32)
                 for r, row in enumerate(hits):
                     if len(row):
-                        vecs[r, :len(row)] = np.asarray([h["entity"][VECTOR_FIELD] for h in row], dtype=np.float32)
+                        vecs[r, :len(row)] = np.asarray([h["entity"][backend.vector_field] for h in row], dtype=np.float32)
                 psi = backend._stored(vecs)
             d, i = rerank(offsets[block].double(), phi[block].double(), psi.to(phi.device),
                           torch.from_numpy(pos).to(phi.device), k)
