@@ -16,7 +16,7 @@ first, in this process with one torch thread (what a worker has):
   the added cost per task when a query fans out to many (submit and gather P tiny tasks, ÷ P);
 * ``c_query``: the client's own work per query (query terms, checks, merge).
 
-ready(n, W) = c_task + ⌈P/W⌉ · t_build and query(n, W) = c_query + c_task + P · c_part + ⌈P/W⌉ · t_scan,
+ready(n, W) = c_task + P · c_part + ⌈P/W⌉ · t_build and query(n, W) = c_query + c_task + P · c_part + ⌈P/W⌉ · t_scan,
 P = ⌈n / PART_ROWS⌉ parts over W workers. The benchmark prints prediction ÷ measured for each run.
 
 Run: ``.venv/bin/python benchmarks/bench_distributed.py [--quick]`` (quick: 10⁶ rows only).
@@ -65,10 +65,14 @@ def _noop(x):
     return x
 
 
-def _part_costs_here(model, part) -> dict:
-    """t_build and t_scan of one part, timed where this runs (a task: on a worker, with its one thread)."""
-    store = FeatureStore(model, part.rows())
-    t_build = min(_timed(store.build) for _ in range(2))
+def _part_costs_here(model, part, gemm: dict) -> dict:
+    """t_build and t_scan of one part, timed where this runs (a task: on a worker, with its one thread); the
+    build with the client's products (``gemm``, :func:`anchordiv._gemm.using`), as a part of a build is."""
+    from anchordiv import _gemm
+
+    with _gemm.using(gemm):
+        t_build = _timed(FeatureStore(model, part.rows()).build)  # a fresh store, as each part of a build is
+    store = FeatureStore(model, part.rows()).build()
     q = np.asarray(part.rows()[:1], dtype=np.float32)
     offsets, phi = model.query_terms(torch.from_numpy(q).double(), compute_dtype=True)
     store.search_terms(offsets, phi, K, None, None)
@@ -81,18 +85,24 @@ def part_costs(client, rows: MappedRows, model, Q: np.ndarray) -> dict:
     from anchordiv.contexts.cluster import cluster_parts
 
     part = cluster_parts(rows, block=PART_ROWS)[0]
-    costs = client.submit(_part_costs_here, model, part, pure=False).result()
+    from anchordiv import _gemm
+
+    FeatureStore(model, rows)  # the client's GEMM choice for this shape, as a build makes it
+    costs = client.submit(_part_costs_here, model, part, _gemm.given_choices(), pure=False).result()
     tiny = FeatureStore(model, MappedRows([rows.parts[0][:K]])).build()
     tiny.search(Q[:1], k=K)
     costs["c_query"] = statistics.median(_timed(lambda: tiny.search(Q[:1], k=K)) for _ in range(30))
     return costs
 
 
-def dask_costs(client, fan: int = 40) -> dict:
-    """c_task: one tiny task's round trip; c_part: the cost per task of a fan-out of ``fan`` tasks."""
-    client.submit(_noop, 0, pure=False).result()
-    c_task = statistics.median(_timed(lambda: client.submit(_noop, 0, pure=False).result()) for _ in range(20))
-    many = min(_timed(lambda: client.gather([client.submit(_noop, i, pure=False) for i in range(fan)]))
+def dask_costs(client, model, Q: np.ndarray, fan: int = 40) -> dict:
+    """c_task: one task's round trip; c_part: the cost per task of a fan-out of ``fan`` tasks; each task
+    carries what a query's task carries (the query terms o(q), φ(q)) and does nothing with them."""
+    offsets, phi = model.query_terms(torch.from_numpy(Q[:1]).double(), compute_dtype=True)
+    client.submit(_noop, (offsets, phi), pure=False).result()
+    c_task = statistics.median(_timed(lambda: client.submit(_noop, (offsets, phi), pure=False).result())
+                               for _ in range(20))
+    many = min(_timed(lambda: client.gather([client.submit(_noop, (offsets, phi), pure=False) for _ in range(fan)]))
                for _ in range(5))
     return {"c_task": c_task, "c_part": max(0.0, (many - c_task) / (fan - 1))}
 
@@ -105,7 +115,7 @@ def predict(n: int, workers: int, costs: dict, part_rows: int = PART_ROWS, disk:
     scale = min(n, part_rows) / costs["part_rows"]
     read = 0.0 if disk is None else per_worker * min(n, part_rows) * D_BYTES / disk
     return {"parts": parts, "part_rows": part_rows, "read_s": read,
-            "ready_s": costs["c_task"] + per_worker * costs["t_build"] * scale + read,
+            "ready_s": costs["c_task"] + parts * costs["c_part"] + per_worker * costs["t_build"] * scale + read,
             "query_s": costs["c_query"] + costs["c_task"] + parts * costs["c_part"] + per_worker * costs["t_scan"] * scale}
 
 
@@ -142,7 +152,7 @@ def run(quick: bool = False, log=print) -> dict:
             with distributed.LocalCluster(n_workers=w, threads_per_worker=1, processes=True, host="127.0.0.1",
                                           dashboard_address=None, silence_logs=50) as cluster, \
                     distributed.Client(cluster) as client:
-                dc = {**part_costs(client, rows, model, Q), **dask_costs(client)}
+                dc = {**part_costs(client, rows, model, Q), **dask_costs(client, model, Q)}
                 costs.setdefault((n, w), dc)
                 log(f"  {w} worker(s): per part ({dc['part_rows']:,} rows, on a worker): build {dc['t_build']:.3f} s, "
                     f"scan {1e3 * dc['t_scan']:.2f} ms; client per query {1e3 * dc['c_query']:.2f} ms")

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/run.py [--quick] [--only NAME ...]
 
-NAME is one of: scaling, naive, roofline, index, search, memory, milvus, contexts. ``--quick`` uses small sizes (a smoke
+NAME is one of: scaling, naive, roofline, index, search, memory, milvus, contexts, distributed. ``--quick`` uses small sizes (a smoke
 run of a few minutes); the full suite uses the sizes in each benchmark's FULL.
 ``results/summary.md`` lists the targets of the last run of every benchmark; quick runs
 write to ``results/quick/`` instead.
@@ -27,6 +27,7 @@ BENCHMARKS = {
     "memory": "bench_memory",      # 6. peak memory of search / Index.add against memory_budget
     "milvus": "bench_milvus",      # 7. a real Milvus server vs faiss HNSW and exact; sharded build memory
     "contexts": "bench_contexts",  # 8. live contexts over 10^5..10^7 memory-mapped rows; the service at 10^6
+    "distributed": "bench_distributed",  # 9. live contexts on 1 and 2 Dask workers; the scaling model
 }
 
 

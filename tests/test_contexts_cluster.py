@@ -376,3 +376,32 @@ def test_the_service_rebuilds_a_context_its_scheduler_lost(texts, tmp_path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+def test_workers_take_the_clients_gemm_library(library, cluster, tmp_path, monkeypatch):
+    """The client's GEMM library (timed per shape, :mod:`anchordiv._gemm`) is the workers' too, so the parts'
+    features round as one process's: identical rows and distances whichever library the client chose."""
+    import torch
+    from anchordiv import _gemm
+
+    rng = np.random.default_rng(8)
+    d = 512
+    X = unit_rows(rng, 12000, d, rng.normal(size=d)).astype(np.float16)
+    np.save(tmp_path / "img_emb_0.npy", X)
+    model = ad.Softmax(tau=0.05).fit(unit_rows(rng, 16, d, X.astype(np.float64).mean(0)))
+    monkeypatch.setitem(_gemm._CHOICE, (d, 16, torch.float32, torch.get_num_threads()), library)
+    rows = _rows([str(tmp_path / "img_emb_0.npy")])
+    one = FeatureStore(model, rows).build()
+    on = FeatureStore(model, rows, client=cluster[1], part_rows=4096).build()
+    Q = X[:40].astype(np.float32)
+    _same(on.search(Q, k=10), one.search(Q, k=10))
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    before = blas_threads()
+    with _gemm.using({"threads": 3, "libraries": {(d, 16, torch.float32): library}}):
+        assert blas_threads() == ({3} if library == "numpy" and before else before)  # numpy: the given threads
+    assert blas_threads() == before

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _gemm
 from ..exact import NO_INDEX, smallest_k
 from ..io.mapped import MappedRows
 
@@ -104,11 +105,15 @@ class PartRows:
         return getattr(self.part.rows(), name)
 
 
-def build_part(store_class: type, model: Any, part: Part, symmetric: bool, storage: str, memory_budget: int) -> Any:
-    """The built store (``store_class``, a :class:`FeatureStore`) of one part (a task: its result stays on the worker)."""
+def build_part(store_class: type, model: Any, part: Part, symmetric: bool, storage: str, memory_budget: int,
+               gemm: dict | None = None) -> Any:
+    """The built store (``store_class``, a :class:`FeatureStore`) of one part (a task: its result stays on the
+    worker); ``gemm``: the client's GEMM library per product shape (:func:`anchordiv._gemm.using`), so that the
+    part's features round as the client's own build would."""
     try:
-        store = store_class(model, part.rows(), symmetric=symmetric, storage=storage,
-                            memory_budget=memory_budget).build()
+        with _gemm.using(gemm or {}):
+            store = store_class(model, part.rows(), symmetric=symmetric, storage=storage,
+                                memory_budget=memory_budget).build()
     except ValueError as exc:  # a bad row: name it in the collection's numbering
         raise ValueError(f"{part.describe()}: {exc}") from None
     store.rows = PartRows(part, store.rows.shape[1])
@@ -138,8 +143,9 @@ class ClusterParts:
     def build(self, on_part: Any, cancel: threading.Event | None) -> None:
         """Submit one task per part and wait for them all; ``on_part(rows)`` as each one ends."""
         tag = uuid.uuid4().hex[:10]
+        gemm = _gemm.given_choices()
         self.futures = [self.client.submit(build_part, self.store_class, self.model, p, self.symmetric, self.storage,
-                                           self.memory_budget, key=f"anchordiv-context-{tag}-{i}")
+                                           self.memory_budget, gemm, key=f"anchordiv-context-{tag}-{i}")
                         for i, p in enumerate(self.parts)]
         try:
             self._wait(self.futures, self.parts, on_part, cancel)
