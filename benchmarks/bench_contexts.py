@@ -215,7 +215,7 @@ def time_queries(store: FeatureStore, Q: np.ndarray, n_single: int, n_batches: i
     del F32, F16
     stat = lambda xs: (statistics.median(xs), float(np.percentile(xs, 95)))  # noqa: E731
     return {"single": {k: stat(v) for k, v in single.items()}, "batch": {k: stat(v) for k, v in batch.items()},
-            "anon": mem.above, "shortlist": statistics.median(store.shortlists[-n_single - n_batches - 2:])}
+            "anon": mem.above, "shortlist": statistics.median(list(store.shortlists)[-n_single - n_batches - 2:])}
 
 
 def hnsw_seconds(model, rows: MappedRows, n: int, measured: dict) -> tuple[float, bool]:

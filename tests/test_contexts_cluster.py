@@ -102,6 +102,11 @@ def test_rows_in_memory_are_refused_with_the_fix(data, cluster):
         FeatureStore(model, G.astype(np.float32), client=cluster[1])
     with pytest.raises(ValueError, match="shards on disk"):
         context_store(model, np.load(files[0]), client=cluster[1])
+    for bad in (0, -1.0, float("nan"), float("inf"), "5"):
+        with pytest.raises(ValueError, match="timeout must be a positive number"):
+            FeatureStore(model, _rows(files), client=cluster[1], timeout=bad)
+    with pytest.raises(ValueError, match="part_rows must be"):
+        FeatureStore(model, _rows(files), client=cluster[1], part_rows=0)
 
 
 def _worker_pids(client):
@@ -367,6 +372,7 @@ def test_the_service_rebuilds_a_context_its_scheduler_lost(texts, tmp_path):
                         break
                     time.sleep(0.2)
                 assert lost is not None and lost["field"] == "context" and "built again" in lost["error"]
+                assert "tcp://" not in lost["error"] and str(coll) not in lost["error"]  # addresses stay in the log
                 procs.append(_dask(*worker))
                 _wait_for_workers(client, 1)
                 again = c.post("/api/search", json=body)

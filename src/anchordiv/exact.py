@@ -44,6 +44,8 @@ FEATURE_TRANSIENT = 5
 #: Bytes a score block takes while its GEMM runs, per byte of the block (the CPU GEMM works in a
 #: buffer of the output's size, measured: +32.6 MiB for a 31.75 MiB block computed in place).
 GEMM_TRANSIENT = 2
+#: Unit roundoff of float32.
+U32 = 2.0 ** -24
 #: Index of entries that are no result (an empty slot of a shortlist).
 NO_INDEX = torch.iinfo(torch.int64).max
 #: Entries of a top-k up to which it is finished in numpy rather than by torch kernels.
@@ -346,6 +348,13 @@ def _scored_blocks(phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor
         k0 += m
 
 
+def divergence_slack(dim: int, offsets: Any, phi_norm: Any, key_norm: float) -> Any:
+    """Bound on the float32 rounding of divergences o(q) − φ(q)ᵀψ(g) computed from ``dim``-vectors
+    with ‖ψ‖ ≤ ``key_norm``: 4(dim + 2)·u·(|o| + ‖φ‖·M), Higham's γ bound doubled (two computations
+    compared). Numpy arrays or torch tensors, per query."""
+    return 4.0 * (dim + 2) * U32 * (abs(offsets) + phi_norm * key_norm)
+
+
 def knn_within(offsets: torch.Tensor, phi: torch.Tensor, keys: torch.Tensor | Iterable[torch.Tensor], k: int,
                slack: torch.Tensor, *, n_keys: int, exclude: torch.Tensor | None = None, allow: np.ndarray | None = None,
                memory_budget: int = DEFAULT_MEMORY_BUDGET) -> tuple[torch.Tensor, torch.Tensor]:
@@ -570,5 +579,5 @@ def check_same_set(Q: Any, G: Any, q: torch.Tensor, g: torch.Tensor) -> None:
     )
 
 
-__all__ = ["search", "knn", "knn_within", "restricted_knn", "allowed_blocks", "distance_matrix", "smallest_k", "largest_k", "TopK", "block_shape", "key_feature_blocks",
+__all__ = ["search", "knn", "knn_within", "divergence_slack", "restricted_knn", "allowed_blocks", "distance_matrix", "smallest_k", "largest_k", "TopK", "block_shape", "key_feature_blocks",
            "DEFAULT_MEMORY_BUDGET"]

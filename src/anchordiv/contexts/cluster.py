@@ -16,6 +16,7 @@ when the client lost its scheduler (it restarted, or went away), :class:`Context
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -129,14 +130,15 @@ def search_part(store: Any, offsets: torch.Tensor, phi: torch.Tensor, k: int, ex
 class ClusterParts:
     """The parts of one context on a Dask cluster (see the module doc): :meth:`build`, :meth:`search`."""
 
-    def __init__(self, store: Any, client: Any, *, storage: str, block: int, part_rows: int = PART_ROWS,
+    def __init__(self, store: Any, client: Any, *, block: int, part_rows: int = PART_ROWS,
                  timeout: float = DEFAULT_TIMEOUT):
-        """The parts of ``store`` (a :class:`FeatureStore` in this process: its model, rows and budget)."""
+        """The parts of ``store`` (a :class:`FeatureStore` in this process: its model, rows, storage and budget)."""
         self.store_class, self.cancelled = type(store), store.cancelled
         self.client, self.model, self.symmetric = client, store.model, store.symmetric
-        rows, memory_budget = store.rows, store.memory_budget
-        self.storage, self.memory_budget, self.timeout = storage, memory_budget, float(timeout)
-        self.parts = cluster_parts(rows, block, part_rows)
+        if not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+        self.storage, self.memory_budget, self.timeout = store.requested, store.memory_budget, float(timeout)
+        self.parts = cluster_parts(store.rows, block, part_rows)
         self.futures: list[Any] = []
         self.scheduler = _scheduler_id(client)
 

@@ -28,6 +28,7 @@ import math
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ from ..exact import (
     DEFAULT_MEMORY_BUDGET,
     KEY_SHARE,
     NO_INDEX,
+    divergence_slack,
     exclusions,
     knn_within,
     smallest_k,
@@ -49,10 +51,12 @@ from .cluster import DEFAULT_TIMEOUT, PART_ROWS, ClusterParts
 #: Rows per block of a build at most: a float32 block of 512-d rows fits in the last-level cache, and
 #: a geometry's own row chunks (``Geometry.batch_size``) need no concatenation.
 BUILD_ROWS = 4096
+#: Searches whose mean shortlist size per query is kept (:attr:`FeatureStore.shortlists`).
+SHORTLIST_HISTORY = 1024
 #: Largest feature magnitude stored in float16 (its largest finite value is 65504).
 FLOAT16_LIMIT = 6.0e4
-#: Unit roundoff of float32 (the scan's arithmetic) and of float16 storage, and half the least float16 subnormal.
-U32, U16, TINY16 = 2.0 ** -24, 2.0 ** -11, 2.0 ** -25
+#: Unit roundoff of float16 storage, and half the least float16 subnormal.
+U16, TINY16 = 2.0 ** -11, 2.0 ** -25
 
 Progress = Callable[[int, int], None]
 
@@ -116,10 +120,14 @@ class _Store:
                 warnings.simplefilter("ignore", UserWarning)
                 x.copy_(torch.from_numpy(np.asarray(block)))  # torch's widening: vectorised, threaded
             yield start, x
-            self.done = start + block.shape[0]
-            self.seconds = time.perf_counter() - start_time
-            if progress is not None:
-                progress(self.done, self.n)
+            self._advanced(start + block.shape[0], start_time, progress)
+
+    def _advanced(self, done: int, start_time: float, progress: Progress | None) -> None:
+        """``done`` rows are built, ``start_time`` (perf_counter) the build's start: record and report it."""
+        self.done = done
+        self.seconds = time.perf_counter() - start_time
+        if progress is not None:
+            progress(self.done, self.n)
 
     def _check_ready(self) -> None:
         if not self.ready:
@@ -191,17 +199,12 @@ class FeatureStore(_Store):
                                          compute_dtype=True, precise=False).shape[1])
         self.high = self.low = torch.empty(0, self.width, dtype=self.storage)
         self.key_norm = 0.0
-        self.shortlists: list[int] = []
+        self.shortlists: deque[int] = deque(maxlen=SHORTLIST_HISTORY)
         self.cluster = None
         if client is not None:
             block = _block_rows(self.rows.shape[1], self.width, self.memory_budget)
-            self.cluster = ClusterParts(self, client, storage=storage, block=block,
-                                        part_rows=positive_int(part_rows, "part_rows"), timeout=timeout)
-
-    @property
-    def workers(self) -> int:
-        """Dask workers connected to the store's cluster (0 in one process)."""
-        return 0 if self.cluster is None else len(self.cluster.client.scheduler_info().get("workers", {}))
+            self.cluster = ClusterParts(self, client, block=block, part_rows=positive_int(part_rows, "part_rows"),
+                                        timeout=timeout)
 
     @property
     def nbytes(self) -> int:
@@ -236,14 +239,7 @@ class FeatureStore(_Store):
 
     def _build_on_cluster(self, progress: Progress | None, cancel: threading.Event | None) -> "FeatureStore":
         start_time, self.done = time.perf_counter(), 0
-
-        def on_part(rows: int) -> None:
-            self.done += rows
-            self.seconds = time.perf_counter() - start_time
-            if progress is not None:
-                progress(self.done, self.n)
-
-        self.cluster.build(on_part, cancel)
+        self.cluster.build(lambda rows: self._advanced(self.done + rows, start_time, progress), cancel)
         return self
 
     def slack(self, offsets: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
@@ -253,7 +249,7 @@ class FeatureStore(_Store):
         unit roundoff, t₁₆ half its least subnormal)."""
         m, psi_norm = self.width, self.key_norm
         phi_norm = phi.norm(dim=1)
-        eps = 4 * (m + 2) * U32 * (offsets.abs() + phi_norm * psi_norm)
+        eps = divergence_slack(m, offsets, phi_norm, psi_norm)
         if self.low is not None:
             eps = eps + phi_norm * (U16 * psi_norm + math.sqrt(m) * TINY16)
         return eps * (1 + 1e-6)

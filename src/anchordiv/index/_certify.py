@@ -34,8 +34,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..exact import U32, divergence_slack  # noqa: F401 (divergence_slack: the routed certificates' margin)
+
 #: Unit roundoff of float32.
-FLOAT32_EPS = 2.0 ** -24
+FLOAT32_EPS = U32
 
 
 def rounding_slack(dim: int, scale: np.ndarray) -> np.ndarray:
@@ -43,13 +45,6 @@ def rounding_slack(dim: int, scale: np.ndarray) -> np.ndarray:
     between vectors of norms summing to ``scale``: 4(dim + 2)·u·scale², with the unit roundoff u
     (Higham's γ_n bound, doubled for the two computations compared)."""
     return 4.0 * (dim + 2) * FLOAT32_EPS * np.square(scale)
-
-
-def divergence_slack(dim: int, offsets: np.ndarray, phi_norm: np.ndarray, key_norm: float) -> np.ndarray:
-    """Bound on the float32 rounding of divergences o(q) − φ(q)ᵀψ(g) computed from ``dim``-vectors
-    with ‖ψ‖ ≤ ``key_norm``: 4(dim + 2)·u·(|o| + ‖φ‖·M), as :func:`rounding_slack` (two computations
-    compared)."""
-    return 4.0 * (dim + 2) * FLOAT32_EPS * (np.abs(offsets) + phi_norm * key_norm)
 
 
 def list_radii(index, dims: int | None = None) -> tuple[np.ndarray, np.ndarray]:

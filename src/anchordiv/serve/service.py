@@ -28,6 +28,7 @@ Words of the API:
 from __future__ import annotations
 
 import io
+import logging
 import math
 import os
 import threading
@@ -55,6 +56,7 @@ from .clip import ClipRetrieval
 from .schemas import ContextRequest, SearchRequest, validated
 
 #: Geometries that need anchors / take a temperature.
+LOG = logging.getLogger("anchordiv.serve")
 ANCHOR_MODELS = model_names(needs_anchors=True)
 TAU_MODELS = model_names(takes_temperature=True)
 #: Columns shown as the item's text, in order of preference.
@@ -666,7 +668,10 @@ class Service(ClipRetrieval):
             d, i = ctx.store.search(q[None], k=k, exclude=None if own is None else np.array([[own]]), allow=rows)
         except (ContextLost, PartsMissing) as exc:  # the cluster lost its features: built again when asked
             self.contexts.forget(ctx)
-            raise FieldError("context", f"{ctx.name}: {exc}; it is built again on the next request", 503) from None
+            LOG.warning("context %s: %s", ctx.name, exc)  # the files and addresses stay in the server's log
+            what = "lost its scheduler" if isinstance(exc, ContextLost) else "cannot answer some of its parts"
+            raise FieldError("context", f"{ctx.name}: the Dask cluster {what}; it is built again on the next "
+                                        "request", 503) from None
         return np.asarray(d[0]), np.asarray(i[0])
 
     def _index_search(self, name: str, q: np.ndarray, k: int, own: int | None,
